@@ -1,0 +1,13 @@
+"""dynamo-relational: a torch.compile backend for scalar-granular relational models.
+
+``torch.compile(model, backend="relational")`` groups per-neuron FX nodes into
+vectorized gather / segment-reduce / matmul nodes and hands the small graph to
+Inductor. See README.md.
+"""
+from .errors import OptionsError, RelationalError
+from .explain import explain
+from .options import Options
+from .report import GraphReport, Report
+
+__version__ = "0.1.0"
+__all__ = ["explain", "Options", "Report", "GraphReport", "RelationalError", "OptionsError"]

@@ -1,0 +1,9 @@
+"""Errors raised by dynamo-relational. Each names the option, node or shape at fault."""
+
+
+class RelationalError(RuntimeError):
+    """Base class of every error this package raises on purpose."""
+
+
+class OptionsError(RelationalError, ValueError):
+    """An option given to the backend is unknown or has a bad value."""

@@ -1,0 +1,110 @@
+"""Aggregations over a neuron's inputs, and stacks/cats of neuron values.
+
+``aggregate(terms, reduce)`` is the n-ary node that the aggregation pass makes
+from ``+`` trees, ``sum(...)`` and ``torch.stack(list).sum/mean/amax/amin(0)``.
+A group of them gathers all terms into one ``[T, *shape]`` tensor, then
+reduces: uniform fan-in becomes ``reshape(k, f, ...)`` plus a dense reduction,
+variable fan-in a segment reduction over CSR offsets.
+
+``torch.stack`` / ``torch.cat`` of neuron values (typically the model's output
+``torch.stack(out)``) become one gather plus a reshape.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from .base import NeuronOp, OpFamily, register, tensor_info
+
+REDUCTIONS = ("sum", "mean", "amax", "amin")
+
+
+def aggregate(terms: list[torch.Tensor], reduce: str) -> torch.Tensor:
+    """n-ary reduction of same-shaped tensors (the eager meaning of an aggregate node)."""
+    if len(terms) == 1:
+        return terms[0]
+    if reduce == "sum" and len(terms) == 2:
+        return terms[0] + terms[1]
+    return getattr(torch.stack(terms), reduce)(0)
+
+
+def _terms_info(terms) -> list | None:
+    if not isinstance(terms, (list, tuple)) or not terms:
+        return None
+    infos = [tensor_info(t) for t in terms]
+    return None if any(i is None for i in infos) else infos
+
+
+class Aggregate(OpFamily):
+    name = "aggregate"
+    variadic = True
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        terms, reduce = node.args
+        infos, info = _terms_info(terms), tensor_info(node)
+        if infos is None or info is None or any(i != info for i in infos):
+            return "aggregation terms are not tensors of one static shape"
+        return NeuronOp(node, self, (self.name, reduce, info), tuple(terms), info, (), reduce)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        import dynamo_relational.kernels  # noqa: F401  (registers the custom op)
+
+        g, k, info, reduce = b.graph, len(members), members[0].info, members[0].template
+        counts = [len(m.operands) for m in members]
+        data = b.gather([t for m in members for t in m.operands])
+        if all(c == 1 for c in counts):
+            return data
+        if all(c == counts[0] for c in counts):
+            dense = g.call_method("reshape", (data, (k, counts[0], *info.shape)))
+            return g.call_method(reduce, (dense, 1))
+        offsets, segment_ids = b.csr(counts, info.device)
+        return g.call_function(torch.ops.dynamo_relational.segment_reduce.default, (data, offsets, segment_ids, reduce))
+
+
+class Stack(OpFamily):
+    name = "stack"
+    variadic = True
+    #: above this many terms of differing shapes, a per-position gather costs too much
+    max_mixed_terms = 16
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        terms = node.args[0] if node.args else node.kwargs.get("tensors")
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+        if len(node.args) > 2 or set(node.kwargs) - {"tensors", "dim"} or type(dim) is not int:
+            return "stack/cat with unexpected arguments"
+        infos, info = _terms_info(terms), tensor_info(node)
+        if infos is None or info is None:
+            return "stack/cat of something other than tensors of static shape"
+        if len({(i.dtype, i.device) for i in infos}) > 1:
+            return "stack/cat of mixed dtypes or devices"
+        uniform = all(i == infos[0] for i in infos)
+        if not uniform and len(infos) > self.max_mixed_terms:
+            return f"cat of {len(infos)} terms of different shapes"
+        rank = infos[0].rank + (node.target is torch.stack)
+        if node.target is torch.cat and infos[0].rank == 0:
+            return "cat of 0-d tensors"
+        dim = dim % rank
+        layout = ("uniform", len(infos), infos[0]) if uniform else ("mixed", tuple(infos))
+        key = (self.name, node.target, dim, layout, info)
+        return NeuronOp(node, self, key, tuple(terms), info, (), dim)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        g, k, first = b.graph, len(members), members[0]
+        dim, n = first.template, len(first.operands)
+        term = tensor_info(first.operands[0])
+        if all(tensor_info(t) == term for t in first.operands):
+            data = b.gather([t for m in members for t in m.operands])
+            stacked = g.call_method("reshape", (data, (k, n, *term.shape)))
+            if dim != 0:
+                stacked = g.call_method("movedim", (stacked, 1, dim + 1))
+            if first.node.target is torch.stack:
+                return stacked
+            return g.call_method("reshape", (stacked, (k, *first.info.shape)))
+        columns = [b.gather([m.operands[j] for m in members]) for j in range(n)]
+        return g.call_function(first.node.target, (columns, dim + 1))
+
+
+AGGREGATE = register(Aggregate(), functions=[aggregate])
+STACK = register(Stack(), functions=[torch.stack, torch.cat])

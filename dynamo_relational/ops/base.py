@@ -1,0 +1,149 @@
+"""The neuron-op abstraction shared by the grouping and vectorizing passes.
+
+A *neuron op* is one FX node seen as a possible member of a group: its family
+(elementwise, matmul, gather, aggregation, ...), a hashable ``key`` (everything
+two members must agree on: target, constant arguments, operand shapes and
+dtypes), its tensor ``operands`` and the per-member ``consts`` that may differ
+between members of one group (gather indices, scalar offsets).
+
+A family ``describe``s a node (returning a :class:`NeuronOp`, or a string that
+says why the node cannot be grouped) and ``emit``s one vectorized node for a
+whole group through a :class:`~dynamo_relational.passes.vectorize.GroupBuilder`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+if TYPE_CHECKING:
+    from dynamo_relational.passes.vectorize import GroupBuilder
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Static shape, dtype and device of one FX node's tensor value."""
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def tensor_info(node: Any) -> TensorInfo | None:
+    """Shape/dtype/device of ``node`` from Dynamo's fake value; None if not one static tensor."""
+    if not isinstance(node, fx.Node):
+        return None
+    cached = node.meta.get("rel_info", False)
+    if cached is not False:
+        return cached
+    value = node.meta.get("example_value", node.meta.get("val"))
+    info = None
+    if isinstance(value, torch.Tensor) and not value.is_sparse:
+        shape = tuple(value.shape)
+        if all(type(s) is int for s in shape):
+            info = TensorInfo(shape, value.dtype, value.device)
+    node.meta["rel_info"] = info
+    return info
+
+
+@dataclass(eq=False)
+class NeuronOp:
+    node: fx.Node
+    family: "OpFamily"
+    key: tuple
+    operands: tuple            # fx.Node (or None for an absent optional operand), or terms
+    info: TensorInfo
+    consts: tuple = ()         # per-member values allowed to differ within a group
+    template: Any = None       # family-specific data needed by emit()
+
+    @property
+    def variadic(self) -> bool:
+        return self.family.variadic
+
+
+class OpFamily:
+    """One family of neuron ops: how to recognise a member and vectorize a group."""
+    name: str = "?"
+    #: operands are a variable-length list of terms (aggregations, stacks)
+    variadic: bool = False
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        raise NotImplementedError
+
+    def emit(self, members: Sequence[NeuronOp], b: "GroupBuilder") -> fx.Node | None:
+        """One node computing all members, shape [len(members), *member_shape].
+
+        Returns None when this particular group cannot be vectorized (the
+        members are then emitted one by one, with a logged reason).
+        """
+        raise NotImplementedError
+
+
+@dataclass
+class Registry:
+    functions: dict[Any, OpFamily] = field(default_factory=dict)
+    methods: dict[str, OpFamily] = field(default_factory=dict)
+
+    def family_of(self, node: fx.Node) -> OpFamily | None:
+        if node.op == "call_function":
+            try:
+                return self.functions.get(node.target)
+            except TypeError:  # unhashable target
+                return None
+        if node.op == "call_method":
+            return self.methods.get(node.target)
+        return None
+
+
+REGISTRY = Registry()
+
+
+def register(family: OpFamily, functions: Sequence[Callable] = (), methods: Sequence[str] = ()) -> OpFamily:
+    for f in functions:
+        REGISTRY.functions[f] = family
+    for m in methods:
+        REGISTRY.methods[m] = family
+    return family
+
+
+def node_args(node: fx.Node, names: Sequence[str]) -> dict[str, Any] | None:
+    """Positional and keyword arguments of ``node`` by name; None if unknown kwargs appear."""
+    out = dict(zip(names, node.args))
+    if len(node.args) > len(names):
+        return None
+    for k, v in node.kwargs.items():
+        if k not in names or k in out:
+            return None
+        out[k] = v
+    return out
+
+
+def is_scalar(value: Any) -> bool:
+    return type(value) in (int, float, bool)
+
+
+def hashable_const(value: Any) -> bool:
+    if value is None or type(value) in (int, float, bool, str, torch.dtype):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(hashable_const(v) for v in value)
+    return False
+
+
+def freeze(value: Any) -> Any:
+    """A hashable, type-exact form of a constant (1 and 1.0 and True stay distinct)."""
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(freeze(v) for v in value))
+    return (type(value).__name__, value)

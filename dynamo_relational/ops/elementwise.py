@@ -1,0 +1,128 @@
+"""Elementwise neuron ops (``a + b``, ``w * x``, ``sigmoid(h)``, ``x + 0.3``).
+
+A group becomes the same call on batched operands ``[k, *shape]``; operands
+shared by all members (a weight, a bias) are passed once and broadcast.
+Python scalars of arithmetic ops may differ between members (per-neuron
+offsets): they become a ``[k, 1, ...]`` constant of the result dtype.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .base import NeuronOp, OpFamily, freeze, hashable_const, is_scalar, register, tensor_info
+
+
+class _Slot:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+class _VaryingConst(_Slot):
+    pass
+
+
+_ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, torch.add, torch.sub,
+               torch.mul, torch.div, "add", "sub", "mul", "div", "__radd__", "__rsub__", "__rmul__",
+               "__rtruediv__"}
+
+
+class Elementwise(OpFamily):
+    name = "elementwise"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        info = tensor_info(node)
+        if info is None:
+            return "output is not a tensor of static shape"
+        if node.kwargs.get("inplace") or "out" in node.kwargs:
+            return "in-place or out= variant"
+        arithmetic = node.target in _ARITHMETIC and info.dtype.is_floating_point
+        operands: list[fx.Node] = []
+        consts: list = []
+        frozen: list = []
+
+        def template(value, positional=True):
+            if isinstance(value, fx.Node):
+                if tensor_info(value) is None:
+                    raise _Unsupported(f"operand {value.name} is not a tensor of static shape")
+                operands.append(value)
+                frozen.append(("slot", tensor_info(value)))
+                return _Slot(len(operands) - 1)
+            if arithmetic and positional and is_scalar(value) and type(value) is not bool:
+                consts.append(value)
+                frozen.append(("const",))
+                return _VaryingConst(len(consts) - 1)
+            if not hashable_const(value):
+                raise _Unsupported(f"argument {value!r} is not a constant")
+            frozen.append(freeze(value))
+            return value
+
+        try:
+            args = tuple(template(a) for a in node.args)
+            kwargs = {k: template(v, positional=False) for k, v in node.kwargs.items()}
+        except _Unsupported as e:
+            return str(e)
+        if not operands:
+            return "no tensor operand"
+        dtypes = {tensor_info(o).dtype for o in operands}
+        if len(dtypes) > 1 and info.rank > 0 and any(tensor_info(o).rank == 0 for o in operands):
+            # 0-d tensors take part in type promotion like scalars; batched they would not.
+            return "mixed dtypes with a 0-d operand"
+        key = (self.name, node.op, node.target, tuple(frozen), tuple(kwargs), info)
+        return NeuronOp(node, self, key, tuple(operands), info, tuple(consts), (args, kwargs))
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        first = members[0]
+        args, kwargs = first.template
+        k, out = len(members), first.info
+        values = []
+        for j in range(len(first.operands)):
+            value, batched = b.slot([m.operands[j] for m in members])
+            if batched:
+                value = b.align(value, tensor_info(first.operands[j]), out.rank, k)
+            values.append(value)
+        consts = []
+        for j in range(len(first.consts)):
+            column = [m.consts[j] for m in members]
+            if all(c == column[0] and type(c) is type(column[0]) for c in column):
+                consts.append(column[0])
+            else:
+                table = torch.tensor(column, dtype=out.dtype, device=out.device)
+                consts.append(b.constant(table.reshape((k,) + (1,) * out.rank), "offsets"))
+
+        def fill(value):
+            if isinstance(value, _VaryingConst):
+                return consts[value.index]
+            if isinstance(value, _Slot):
+                return values[value.index]
+            return value
+
+        new_args = tuple(fill(a) for a in args)
+        new_kwargs = {key: fill(v) for key, v in kwargs.items()}
+        return b.graph.create_node(first.node.op, first.node.target, new_args, new_kwargs)
+
+
+class _Unsupported(Exception):
+    pass
+
+
+_UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.log, torch.neg, torch.abs,
+          torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.square, torch.erf, torch.log1p,
+          torch.expm1, torch.reciprocal, torch.sign, torch.clamp, torch.clip, torch.nn.functional.relu,
+          F.sigmoid, F.tanh, F.leaky_relu, F.elu, F.gelu, F.silu, F.softplus, F.relu6, F.hardtanh,
+          F.mish, F.selu, F.celu, F.logsigmoid, operator.neg, torch.special.expit]
+_BINARY = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, torch.add,
+           torch.sub, torch.mul, torch.div, torch.pow, torch.maximum, torch.minimum, torch.where,
+           torch.lerp, torch.addcmul]
+_METHODS = ["relu", "sigmoid", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqrt", "sin", "cos",
+            "square", "clamp", "clip", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
+            "__radd__", "__rsub__", "__rmul__", "__rtruediv__", "erf", "log1p", "expm1",
+            "reciprocal"]
+
+ELEMENTWISE = register(Elementwise(), functions=_UNARY + _BINARY, methods=_METHODS)

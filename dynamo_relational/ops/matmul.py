@@ -1,0 +1,105 @@
+"""Matrix products of one neuron: ``W @ h``, ``h @ W``, ``torch.dot``, ``F.linear``.
+
+A weight shared by every member stays one operand: the group becomes a single
+``mm``/``linear`` over the stacked rows. Per-member weights (``W[type] @ h``)
+are gathered into ``[k, out, in]`` and multiplied with a batched matmul.
+Supported member ranks: vector/matrix combinations up to 2-D.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .base import NeuronOp, OpFamily, node_args, register, tensor_info
+
+
+def _same_dtype(*infos) -> bool:
+    return len({i.dtype for i in infos if i is not None}) == 1
+
+
+class Matmul(OpFamily):
+    name = "matmul"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        if len(node.args) != 2 or node.kwargs:
+            return "matmul with extra arguments"
+        a, b = node.args
+        ai, bi, info = tensor_info(a), tensor_info(b), tensor_info(node)
+        if ai is None or bi is None or info is None:
+            return "matmul operand is not a tensor of static shape"
+        if not (1 <= ai.rank <= 2 and 1 <= bi.rank <= 2):
+            return f"matmul of ranks {ai.rank} and {bi.rank} (only vectors and matrices are grouped)"
+        if not _same_dtype(ai, bi):
+            return "matmul of mixed dtypes"
+        return NeuronOp(node, self, (self.name, ai, bi), (a, b), info)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        g = b.graph
+        (a, ba), (v, bv) = (b.slot([m.operands[j] for m in members]) for j in (0, 1))
+        ra, rv = (tensor_info(members[0].operands[j]).rank for j in (0, 1))
+        if ra == 1 and rv == 1:
+            if ba and bv:
+                return g.call_method("sum", (g.call_function(torch.mul, (a, v)), -1))
+            return g.call_function(torch.matmul, (a, v) if ba else (v, a))
+        if ra == 2 and rv == 1:
+            if not ba:  # shared weight: one mm over all rows
+                return g.call_function(F.linear, (v, a))
+            if bv:
+                return g.call_method("squeeze", (g.call_function(
+                    torch.matmul, (a, g.call_method("unsqueeze", (v, -1)))), -1))
+            return g.call_function(torch.matmul, (a, v))
+        if ra == 1 and rv == 2 and ba and bv:
+            return g.call_method("squeeze", (g.call_function(
+                torch.matmul, (g.call_method("unsqueeze", (a, 1)), v)), 1))
+        return g.call_function(torch.matmul, (a, v))
+
+
+class Linear(OpFamily):
+    name = "linear"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        args = node_args(node, ("input", "weight", "bias"))
+        if args is None or "weight" not in args:
+            return "linear with unexpected arguments"
+        x, w, bias = args["input"], args["weight"], args.get("bias")
+        xi, wi, info = tensor_info(x), tensor_info(w), tensor_info(node)
+        bi = tensor_info(bias)
+        if xi is None or wi is None or info is None or (bias is not None and bi is None):
+            return "linear operand is not a tensor of static shape"
+        if not (1 <= xi.rank <= 2 and wi.rank == 2 and (bi is None or bi.rank == 1)):
+            return "linear of ranks other than vector/matrix input, matrix weight, vector bias"
+        if not _same_dtype(xi, wi, bi):
+            return "linear of mixed dtypes"
+        return NeuronOp(node, self, (self.name, xi, wi, bi), (x, w, bias), info)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        g, k, info = b.graph, len(members), members[0].info
+        (x, bx), (w, bw) = (b.slot([m.operands[j] for m in members]) for j in (0, 1))
+        x_rank = tensor_info(members[0].operands[0]).rank
+        has_bias = members[0].operands[2] is not None
+        bias, bb = b.slot([m.operands[2] for m in members]) if has_bias else (None, False)
+        if not bw:
+            if not bb:
+                return g.call_function(F.linear, (x, w, bias))
+            out = g.call_function(F.linear, (x, w))
+        elif x_rank == 1 and bx:
+            out = g.call_method("squeeze", (g.call_function(
+                torch.matmul, (w, g.call_method("unsqueeze", (x, -1)))), -1))
+        elif x_rank == 1:
+            out = g.call_function(torch.matmul, (w, x))
+        else:
+            out = g.call_function(torch.matmul, (x, g.call_method("transpose", (w, -1, -2))))
+        if not has_bias:
+            return out
+        if bb:
+            bias = b.align(bias, tensor_info(members[0].operands[2]), info.rank, k)
+        return g.call_function(operator.add, (out, bias))
+
+
+MATMUL = register(Matmul(), functions=[operator.matmul, torch.matmul, torch.mm, torch.mv, torch.dot],
+                  methods=["matmul", "mm", "mv", "dot", "__matmul__"])
+LINEAR = register(Linear(), functions=[F.linear])

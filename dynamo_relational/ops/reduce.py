@@ -1,0 +1,48 @@
+"""Reductions inside one neuron (``(a * b).sum()``, ``h.mean(0)``): the group
+reduces the same dimensions shifted by one, keeping the member dimension."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from .base import NeuronOp, OpFamily, node_args, register, tensor_info
+
+_NAMES = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin"}
+
+
+class Reduce(OpFamily):
+    name = "reduce"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        args = node_args(node, ("input", "dim", "keepdim"))
+        if args is None:
+            return "reduction with unexpected arguments"
+        x, xi, info = args.get("input"), tensor_info(args.get("input")), tensor_info(node)
+        if xi is None or info is None or not xi.dtype.is_floating_point:
+            return "reduction of something other than a floating tensor of static shape"
+        dim, keepdim = args.get("dim"), args.get("keepdim", False)
+        if type(keepdim) is not bool:
+            return "reduction with non-constant keepdim"
+        if dim is None or dim == [] or dim == ():
+            dims = tuple(range(xi.rank))
+        else:
+            dims = dim if isinstance(dim, (list, tuple)) else (dim,)
+            if not all(type(d) is int for d in dims):
+                return "reduction over non-constant dims"
+            dims = tuple(sorted(d % max(xi.rank, 1) for d in dims))
+        name = node.target if node.op == "call_method" else _NAMES[node.target]
+        return NeuronOp(node, self, (self.name, name, dims, keepdim, xi, info), (x,), info, (), (name, dims, keepdim))
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        x, batched = b.slot([m.operands[0] for m in members])
+        name, dims, keepdim = members[0].template
+        if not batched:
+            return None
+        if tensor_info(members[0].operands[0]).rank == 0:
+            return x  # reducing a 0-d value is the identity
+        return b.graph.call_method(name, (x, tuple(d + 1 for d in dims), keepdim))
+
+
+REDUCE = register(Reduce(), functions=list(_NAMES), methods=list(_NAMES.values()))

@@ -1,0 +1,59 @@
+"""Row and scalar reads ``x[i]``, ``x[i, j]``: a group becomes one gather.
+
+Members must read the same tensor with the same number of integer indices
+(trailing full slices ``x[i, :]`` are allowed); the indices themselves differ
+per member and become a constant index tensor: ``index_select(x, 0, idx)``
+for one index, advanced indexing ``x[idx0, idx1]`` for more.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from .base import NeuronOp, OpFamily, register, tensor_info
+
+_FULL = slice(None, None, None)
+
+
+class Select(OpFamily):
+    name = "select"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        source, index = node.args
+        src, info = tensor_info(source), tensor_info(node)
+        if src is None or info is None:
+            return "indexes something other than a tensor of static shape"
+        parts = index if isinstance(index, tuple) else (index,)
+        ints = []
+        for j, part in enumerate(parts):
+            if type(part) is int and len(ints) == j:
+                ints.append(part)
+            elif not (part == _FULL or part is Ellipsis) or isinstance(part, fx.Node):
+                return f"index {index!r} is not integers followed by full slices"
+        if not ints or len(ints) > src.rank:
+            return f"index {index!r} is not integers followed by full slices"
+        normalized = []
+        for dim, i in enumerate(ints):
+            size = src.shape[dim]
+            if not -size <= i < size:
+                return f"index {i} out of range for dimension {dim} of size {size}"
+            normalized.append(i % size)
+        key = (self.name, src, len(ints), info)
+        return NeuronOp(node, self, key, (source,), info, tuple(normalized))
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        source, batched = b.slot([m.operands[0] for m in members])
+        device = members[0].info.device
+        columns = [b.index([m.consts[d] for m in members], device) for d in range(len(members[0].consts))]
+        if batched:
+            rows = b.index(list(range(len(members))), device)
+            return b.graph.call_function(operator.getitem, (source, (rows, *columns)))
+        if len(columns) == 1:
+            return b.graph.call_function(torch.index_select, (source, 0, columns[0]))
+        return b.graph.call_function(operator.getitem, (source, tuple(columns)))
+
+
+SELECT = register(Select(), functions=[operator.getitem])

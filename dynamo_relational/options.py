@@ -1,0 +1,82 @@
+"""The backend's options: one typed dataclass, documented in one place.
+
+Pass them as ``torch.compile(model, backend="relational", options={...})``
+or as keyword arguments of :func:`dynamo_relational.explain`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, fields
+from typing import Any, Literal, Mapping
+
+from .errors import OptionsError
+
+
+@dataclass(frozen=True)
+class Options:
+    #: Hand the grouped graph to Inductor (``compile_fx``). ``False`` runs the
+    #: grouped graph eagerly, which is handy for debugging the grouping itself.
+    inductor: bool = True
+    #: Group per-neuron nodes at all. ``False`` passes Dynamo's graph straight
+    #: to the final compiler (stock behaviour), for comparisons.
+    grouping: bool = True
+    #: Rewrite ``+`` trees, the ``sum()`` builtin and
+    #: ``torch.stack(list).sum/mean/amax/amin(0)`` into n-ary aggregations.
+    aggregation: bool = True
+    #: How groups are chosen: ``"asap"`` (depth levels), ``"agenda"`` (DyNet's
+    #: lowest-average-depth-first) or ``"auto"`` (run both, keep the one with
+    #: fewer groups).
+    scheduler: Literal["auto", "asap", "agenda"] = "auto"
+    #: Also try schedules that only merge nodes from the same source line
+    #: (``stack_trace``), keeping them when they need no more groups.
+    code_site_hint: bool = True
+    #: Smallest group that is vectorized; smaller groups keep their original nodes.
+    min_group_size: int = 2
+    #: Nodes whose output has more elements than this are left ungrouped:
+    #: large ops gain nothing from batching (this keeps MLPs, conv nets and
+    #: transformer blocks as they are).
+    max_member_numel: int = 4096
+    #: Nodes of one signature that use more distinct weight tensors than this
+    #: are grouped together (gathering the weights) instead of one group per weight.
+    max_typed_groups: int = 8
+    #: On an internal error, raise it instead of logging it and compiling the
+    #: ungrouped graph (which is always correct, only slower).
+    strict: bool = False
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any] | "Options" | None) -> "Options":
+        """Build options from ``torch.compile(..., options=...)``; unknown keys are an error."""
+        if options is None:
+            return cls()
+        if isinstance(options, Options):
+            return options
+        if not isinstance(options, Mapping):
+            raise OptionsError(f"options must be a dict, got {type(options).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        for key in options:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise OptionsError(
+                    f"unknown option {key!r} for backend 'relational'{hint} "
+                    f"Known options: {', '.join(sorted(known))}")
+        result = cls(**options)
+        result._validate()
+        return result
+
+    def replace(self, **changes: Any) -> "Options":
+        return Options.from_mapping({**dataclasses.asdict(self), **changes})
+
+    def _validate(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            expected = {"bool": bool, "int": int}.get(str(f.type))
+            if expected is not None and (type(value) is not expected):
+                raise OptionsError(f"option {f.name!r} must be {f.type}, got {value!r}")
+        if self.scheduler not in ("auto", "asap", "agenda"):
+            raise OptionsError(
+                f"option 'scheduler' must be 'auto', 'asap' or 'agenda', got {self.scheduler!r}")
+        for name in ("min_group_size", "max_member_numel", "max_typed_groups"):
+            if getattr(self, name) < 1:
+                raise OptionsError(f"option {name!r} must be >= 1, got {getattr(self, name)}")

@@ -1,0 +1,105 @@
+"""What the backend did to each graph: node counts, groups, quality, timings."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class GraphReport:
+    nodes_before: int
+    nodes_after: int
+    #: groups in the chosen schedule (each is one vectorized node or one node left alone)
+    groups: int
+    #: groups vectorized into one node
+    vectorized_groups: int
+    #: lower bound on the number of groups of any schedule (ED-Batch); None unless detailed
+    lower_bound: int | None
+    schedule: str
+    timings: dict[str, float]
+    node_counts: dict[str, int]
+    ungrouped: Counter
+    group_sizes: list[tuple[str, int]] = field(default_factory=list)
+    before: str = ""
+    after: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_context(cls, ctx, nodes_before: int, nodes_after: int, before: str, after: str) -> "GraphReport":
+        stats = dict(ctx.stats)
+        return cls(
+            nodes_before=nodes_before, nodes_after=nodes_after,
+            groups=stats.get("groups", nodes_before), vectorized_groups=stats.get("vectorized_groups", 0),
+            lower_bound=stats.get("lower_bound"), schedule=stats.get("schedule", "none"),
+            timings=dict(ctx.timings), node_counts=dict(ctx.node_counts), ungrouped=Counter(ctx.ungrouped),
+            group_sizes=[(g.family, len(g.nodes)) for g in ctx.groups if g.ops and len(g.nodes) > 1],
+            before=before, after=after, stats=stats)
+
+
+@dataclass
+class Report:
+    """The result of :func:`dynamo_relational.explain`: one :class:`GraphReport` per compiled graph."""
+    graphs: list[GraphReport]
+    #: wall time of the first (compiling) call, including Dynamo's tracing
+    compile_seconds: float = 0.0
+
+    @property
+    def nodes_before(self) -> int:
+        return sum(g.nodes_before for g in self.graphs)
+
+    @property
+    def nodes_after(self) -> int:
+        return sum(g.nodes_after for g in self.graphs)
+
+    @property
+    def groups(self) -> int:
+        return sum(g.groups for g in self.graphs)
+
+    @property
+    def lower_bound(self) -> int | None:
+        bounds = [g.lower_bound for g in self.graphs]
+        return None if any(b is None for b in bounds) else sum(bounds)
+
+    @property
+    def pass_timings(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for g in self.graphs:
+            for name, seconds in g.timings.items():
+                total[name] = total.get(name, 0.0) + seconds
+        return total
+
+    @property
+    def ungrouped(self) -> Counter:
+        total: Counter = Counter()
+        for g in self.graphs:
+            total.update(g.ungrouped)
+        return total
+
+    def print_before(self) -> None:
+        for g in self.graphs:
+            print(g.before)
+
+    def print_after(self) -> None:
+        for g in self.graphs:
+            print(g.after)
+
+    def __str__(self) -> str:
+        lb = self.lower_bound
+        quality = f"{self.groups / lb:.2f}" if lb else "n/a"
+        rows = [("graphs", len(self.graphs)), ("FX nodes before grouping", self.nodes_before),
+                ("FX nodes after grouping", self.nodes_after), ("groups", self.groups),
+                ("lower bound on groups", lb if lb is not None else "n/a"), ("groups / lower bound", quality),
+                ("compile time (first call) [s]", f"{self.compile_seconds:.2f}")]
+        rows += [(f"  pass {name} [ms]", f"{seconds * 1e3:.1f}") for name, seconds in self.pass_timings.items()]
+        for i, g in enumerate(self.graphs):
+            rows.append((f"graph {i}: schedule", g.schedule))
+            sizes = Counter()
+            for family, size in g.group_sizes:
+                sizes[family] += size
+            rows += [(f"graph {i}: {family} nodes grouped", n) for family, n in sizes.most_common()]
+        rows += [(f"left ungrouped: {reason}", n) for reason, n in self.ungrouped.most_common(10)]
+        width = max(len(str(k)) for k, _ in rows)
+        lines = ["dynamo_relational report", "-" * (width + 14)]
+        lines += [f"{k:<{width}}  {v:>10}" for k, v in rows]
+        return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""Recognise n-ary aggregations.
+
+Rewrites into one ``aggregate(terms, reduce)`` node:
+
+* trees and chains of ``+`` over values of one shape and dtype
+  (``acc = acc + W @ x[u]`` in a loop), including the ``0 +`` that the
+  ``sum()`` builtin starts with;
+* ``torch.stack(terms).sum/mean/amax/amin(0)``.
+
+Legal because only additions whose result has a single user (the next
+addition) are merged, so no intermediate partial sum is observed elsewhere,
+and because no broadcasting or type promotion happens in a merged addition.
+The sum is reassociated (a tree instead of a chain), which changes results
+only within floating-point rounding. Saves one node per term and gives the
+grouping pass a fan-in to vectorize as one segment or dense reduction.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from dynamo_relational.ops import aggregate_fn, tensor_info
+from dynamo_relational.ops.aggregate import REDUCTIONS
+
+from .context import PassContext
+
+_ADD = {operator.add, torch.add, "add", "__radd__"}
+_STACK_REDUCERS = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin",
+                   "sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin"}
+
+
+def _is_zero(value) -> bool:
+    return type(value) in (int, float) and value == 0
+
+
+def _addends(node: fx.Node):
+    """The two operands of ``node`` if it is an aggregable addition, else None."""
+    if node.op not in ("call_function", "call_method") or node.target not in _ADD or node.kwargs:
+        return None
+    if len(node.args) != 2:
+        return None
+    info = tensor_info(node)
+    if info is None:
+        return None
+    for a in node.args:
+        if not (_is_zero(a) or (isinstance(a, fx.Node) and tensor_info(a) == info)):
+            return None
+    if all(_is_zero(a) for a in node.args):
+        return None
+    return node.args
+
+
+def _stack_reduction(node: fx.Node):
+    """(terms, reduce) if ``node`` is ``torch.stack(terms).<reduce>(0)``, else None."""
+    if node.op not in ("call_function", "call_method"):
+        return None
+    try:
+        reduce = _STACK_REDUCERS.get(node.target)
+    except TypeError:
+        return None
+    if reduce is None or not node.args or set(node.kwargs) - {"dim"}:
+        return None
+    source = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if len(node.args) > 2 or dim != 0 or type(dim) is not int:
+        return None
+    if not (isinstance(source, fx.Node) and source.target is torch.stack and len(source.users) == 1):
+        return None
+    terms = source.args[0] if source.args else None
+    stack_dim = source.args[1] if len(source.args) > 1 else source.kwargs.get("dim", 0)
+    if stack_dim != 0 or not isinstance(terms, (list, tuple)) or not terms:
+        return None
+    info = tensor_info(node)
+    if info is None or any(tensor_info(t) != info for t in terms):
+        return None
+    return list(terms), reduce
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    graph = gm.graph
+    terms_of: dict[fx.Node, list] = {}  # aggregations made so far (sum ones may absorb further)
+    rewritten = 0
+    for node in list(graph.nodes):
+        stacked = _stack_reduction(node)
+        if stacked is not None:
+            terms, reduce = stacked
+        else:
+            addends = _addends(node)
+            if addends is None:
+                continue
+            reduce, terms = "sum", []
+            for a in addends:
+                if _is_zero(a):
+                    continue
+                inner = terms_of.get(a)
+                if inner is not None and inner[1] == "sum" and len(a.users) == 1:
+                    terms.extend(inner[0])
+                else:
+                    terms.append(a)
+        assert reduce in REDUCTIONS
+        with graph.inserting_before(node):
+            agg = graph.call_function(aggregate_fn, (terms, reduce))
+        agg.meta = dict(node.meta)
+        node.replace_all_uses_with(agg)
+        _erase_dead_chain(graph, node)
+        terms_of[agg] = (terms, reduce)
+        rewritten += 1
+    ctx.stats["aggregations"] = rewritten
+    return gm
+
+
+def _erase_dead_chain(graph: fx.Graph, node: fx.Node) -> None:
+    """Erase ``node`` and the absorbed partial sums/stacks that fed only it."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.users or n.op not in ("call_function", "call_method"):
+            continue
+        inputs = [a for a in n.all_input_nodes if a.target is aggregate_fn or a.target is torch.stack]
+        graph.erase_node(n)
+        stack.extend(inputs)

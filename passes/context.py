@@ -1,0 +1,42 @@
+"""State shared by the passes of one graph compilation: options, logging, report."""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamo_relational.options import Options
+
+log = logging.getLogger("dynamo_relational")
+
+
+@dataclass
+class PassContext:
+    options: Options
+    #: fill the expensive parts of the report (lower bound, printed graphs)
+    detailed: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    node_counts: dict[str, int] = field(default_factory=dict)
+    #: why nodes were left ungrouped: reason -> number of nodes
+    ungrouped: Counter = field(default_factory=Counter)
+    #: in-place ops left in the graph (name, target); grouping is skipped when any remain
+    mutations: list[str] = field(default_factory=list)
+    #: schedule chosen by the grouping pass (list of groups)
+    groups: list[Any] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def leave_ungrouped(self, node, reason: str) -> None:
+        self.ungrouped[reason] += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("left ungrouped: %s (%s): %s", node.name, node.target, reason)
+
+    @contextmanager
+    def timed(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start

@@ -1,0 +1,58 @@
+"""Common subexpression elimination over pure neuron ops.
+
+Scalar-granular code reads the same row many times (``x[u]`` once per edge)
+and Dynamo records every read. Two nodes with the same target and the same
+arguments (nodes by identity, constants by type and value) compute the same
+value when the op is pure: every op in the neuron-op catalog is, and in-place
+variants are excluded. Merging them shrinks the graph before grouping.
+Graphs that keep in-place ops are left alone.
+"""
+from __future__ import annotations
+
+import torch.fx as fx
+
+from dynamo_relational.ops import REGISTRY
+
+from .context import PassContext
+from .inplace import is_in_place
+
+
+class _Unhashable(Exception):
+    pass
+
+
+def _freeze(value):
+    if isinstance(value, fx.Node):
+        return value
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_freeze(v) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return ("slice", _freeze(value.start), _freeze(value.stop), _freeze(value.step))
+    try:
+        hash(value)
+    except TypeError:
+        raise _Unhashable
+    return (type(value).__name__, value)
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    if ctx.mutations:
+        return gm
+    seen: dict = {}
+    removed = 0
+    for node in list(gm.graph.nodes):
+        if REGISTRY.family_of(node) is None or is_in_place(node):
+            continue
+        try:
+            key = (node.op, node.target, _freeze(node.args), _freeze(node.kwargs))
+        except _Unhashable:
+            continue
+        twin = seen.setdefault(key, node)
+        if twin is not node:
+            node.replace_all_uses_with(twin)
+            gm.graph.erase_node(node)
+            removed += 1
+    ctx.stats["cse_removed"] = removed
+    return gm

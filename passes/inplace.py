@@ -1,0 +1,67 @@
+"""Turn in-place accumulation into pure ops; find the in-place ops that remain.
+
+Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
+``alpha``) into ``acc + t``. Legal when ``acc`` is a fresh temporary: produced
+by an arithmetic op (not a view, input or parameter) whose only user is the
+in-place op, and the result has ``acc``'s shape and dtype. Then nothing else
+can observe the mutation. Every other in-place op is recorded in
+``ctx.mutations``; the grouping pass then leaves the graph as it is, since
+grouping copies values that in-place ops may alias.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch.fx as fx
+
+from dynamo_relational.ops import REGISTRY, tensor_info
+from dynamo_relational.ops.elementwise import ELEMENTWISE
+from dynamo_relational.ops.matmul import LINEAR, MATMUL
+from dynamo_relational.ops.aggregate import AGGREGATE
+from dynamo_relational.ops.reduce import REDUCE
+
+from .context import PassContext
+
+_PURE_FORM = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+              operator.itruediv: operator.truediv, "add_": operator.add, "sub_": operator.sub,
+              "mul_": operator.mul, "div_": operator.truediv}
+_IN_PLACE_FUNCTIONS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow,
+                       operator.imatmul, operator.ifloordiv, operator.imod, operator.setitem,
+                       operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+_FRESH_FAMILIES = (ELEMENTWISE, MATMUL, LINEAR, AGGREGATE, REDUCE)
+
+
+def is_in_place(node: fx.Node) -> bool:
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if node.kwargs.get("inplace") is True or "out" in node.kwargs:
+        return True
+    if node.op == "call_function":
+        try:
+            if node.target in _IN_PLACE_FUNCTIONS:
+                return True
+        except TypeError:
+            return False
+        name = getattr(node.target, "__name__", "")
+    else:
+        name = node.target
+    return name.endswith("_") and not name.endswith("__")
+
+
+def _fresh_temporary(node: fx.Node, user: fx.Node) -> bool:
+    return (node.op in ("call_function", "call_method") and REGISTRY.family_of(node) in _FRESH_FAMILIES
+            and list(node.users) == [user] and not is_in_place(node))
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    for node in gm.graph.nodes:
+        if not is_in_place(node):
+            continue
+        pure = _PURE_FORM.get(node.target) if node.op == "call_method" or node.target in _PURE_FORM else None
+        target = node.args[0] if node.args else None
+        if (pure is not None and len(node.args) == 2 and not node.kwargs and isinstance(target, fx.Node)
+                and _fresh_temporary(target, node) and tensor_info(node) == tensor_info(target)):
+            node.op, node.target = "call_function", pure
+            continue
+        ctx.mutations.append(f"{node.name} ({node.target})")
+    return gm

@@ -1,0 +1,175 @@
+"""Emit the grouped graph: one vectorized node per group.
+
+Each group of ``k`` members becomes one node of shape ``[k, *member_shape]``
+(made by the members' op family), and member ``r`` of it is row ``r``.
+Operands are wired by :class:`GroupBuilder`: an operand that every member
+shares is passed once; otherwise the members' operand rows are gathered
+(``index_select`` over the source group, or over a ``cat`` of several).
+Nodes that stay ungrouped are copied and read single rows (``group[r]``).
+Index tensors become buffers of the new GraphModule.
+
+Legal because members of a group are pairwise independent and each family
+computes exactly the members' values row by row. Saves all per-member nodes:
+the graph shrinks from O(neurons) to O(groups) nodes.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+from dynamo_relational.ops import tensor_info
+
+from .context import PassContext
+
+MIN_SAVED_NODES = 1
+
+
+class GroupBuilder:
+    """Writes the new graph; maps original nodes to new values or rows of groups."""
+
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.graph = fx.Graph()
+        self.env: dict[fx.Node, fx.Node] = {}          # original node -> its value in the new graph
+        self.rows: dict[fx.Node, tuple[fx.Node, int]] = {}  # original member -> (group node, row)
+        self.size: dict[fx.Node, int] = {}             # group (or source) node -> number of rows
+        self._single: dict[fx.Node, fx.Node] = {}
+        self._gathers: dict[tuple, fx.Node] = {}
+        self._cats: dict[tuple, fx.Node] = {}
+        self._constants: dict[tuple, fx.Node] = {}
+        self.buffers = 0
+
+    # values --------------------------------------------------------------
+    def value(self, node):
+        """The new-graph value of original ``node`` (a row read if it was grouped)."""
+        if not isinstance(node, fx.Node):
+            return node
+        new = self.env.get(node)
+        if new is None:
+            group, row = self.rows[node]
+            new = self.env[node] = self.graph.call_function(operator.getitem, (group, row))
+        return new
+
+    def slot(self, nodes: list) -> tuple[fx.Node | None, bool]:
+        """One operand position over all members: (shared value, False) or (gathered rows, True)."""
+        first = nodes[0]
+        if all(n is first for n in nodes):
+            return self.value(first), False
+        return self.gather(nodes), True
+
+    def gather(self, nodes: list[fx.Node]) -> fx.Node:
+        """A ``[len(nodes), *shape]`` tensor whose row ``i`` is the value of ``nodes[i]``."""
+        pairs = tuple(self._source(n) for n in nodes)
+        cached = self._gathers.get(pairs)
+        if cached is not None:
+            return cached
+        sources = list(dict.fromkeys(src for src, _ in pairs))
+        if len(sources) == 1:
+            base, rows = sources[0], [r for _, r in pairs]
+        else:
+            base = self._cat(tuple(sources))
+            start, at = {}, 0
+            for src in sources:
+                start[src], at = at, at + self.size[src]
+            rows = [start[src] + r for src, r in pairs]
+        if rows == list(range(self.size[base])):
+            result = base
+        else:
+            index = self.index(rows, tensor_info(nodes[0]).device)
+            result = self.graph.call_function(torch.index_select, (base, 0, index))
+        self.size[result] = len(nodes)
+        self._gathers[pairs] = result
+        return result
+
+    def _source(self, node: fx.Node) -> tuple[fx.Node, int]:
+        if node in self.rows:
+            return self.rows[node]
+        single = self._single.get(node)
+        if single is None:
+            single = self._single[node] = self.graph.call_method("unsqueeze", (self.value(node), 0))
+            self.size[single] = 1
+        return single, 0
+
+    def _cat(self, sources: tuple) -> fx.Node:
+        cat = self._cats.get(sources)
+        if cat is None:
+            cat = self._cats[sources] = self.graph.call_function(torch.cat, (list(sources),))
+            self.size[cat] = sum(self.size[s] for s in sources)
+        return cat
+
+    def align(self, value: fx.Node, member, rank: int, k: int) -> fx.Node:
+        """Reshape batched ``[k, *member.shape]`` so it broadcasts like the member did in a rank-``rank`` op."""
+        if member.rank >= rank:
+            return value
+        return self.graph.call_method("reshape", (value, (k, *([1] * (rank - member.rank)), *member.shape)))
+
+    # constants -----------------------------------------------------------
+    def constant(self, tensor: torch.Tensor, hint: str) -> fx.Node:
+        key = (hint, tensor.dtype, str(tensor.device), tuple(tensor.shape), tuple(tensor.flatten().tolist()))
+        node = self._constants.get(key)
+        if node is None:
+            name = f"_relational_{hint}_{self.buffers}"
+            self.buffers += 1
+            self.gm.register_buffer(name, tensor, persistent=False)
+            node = self._constants[key] = self.graph.get_attr(name)
+        return node
+
+    def index(self, values: list[int], device) -> fx.Node:
+        return self.constant(torch.tensor(values, dtype=torch.long, device=device), "index")
+
+    def csr(self, counts: list[int], device) -> tuple[fx.Node, fx.Node]:
+        from dynamo_relational.kernels.segment import csr_from_counts
+
+        offsets, segment_ids = csr_from_counts(counts, device)
+        return self.constant(offsets, "offsets"), self.constant(segment_ids, "segments")
+
+    def copy(self, node: fx.Node) -> fx.Node:
+        new = self.env[node] = self.graph.node_copy(node, self.value)
+        return new
+
+
+def _unique_members(ops):
+    """Members with distinct (operands, consts); duplicates compute the same value."""
+    first: dict = {}
+    unique, row_of = [], []
+    for op in ops:
+        key = (op.operands, op.consts)
+        if key not in first:
+            first[key] = len(unique)
+            unique.append(op)
+        row_of.append(first[key])
+    return unique, row_of
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    b = GroupBuilder(gm)
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            b.copy(node)
+    min_size = ctx.options.min_group_size
+    vectorized = 0
+    for group in ctx.groups:
+        ops = group.ops
+        if ops is not None:
+            unique, row_of = _unique_members(ops)
+            feeds_on_groups = ops[0].variadic and any(t in b.rows for op in unique for t in op.operands)
+            if len(unique) >= min_size or feeds_on_groups:
+                new = unique[0].family.emit(unique, b)
+                if new is not None:
+                    b.size[new] = len(unique)
+                    for op, row in zip(ops, row_of):
+                        b.rows[op.node] = (new, row)
+                    vectorized += 1
+                    continue
+                for node in group.nodes:
+                    ctx.leave_ungrouped(node, f"{ops[0].family.name} group of this layout is not vectorized")
+        for node in group.nodes:
+            b.copy(node)
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            b.copy(node)
+    ctx.stats["vectorized_groups"] = vectorized
+    new_gm = fx.GraphModule(gm, b.graph, class_name=gm.__class__.__name__)
+    return new_gm
