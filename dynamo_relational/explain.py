@@ -30,4 +30,4 @@ def explain(model: torch.nn.Module | Any, *inputs: Any, **options: Any) -> Repor
     compiled_model = torch.compile(model, backend=backend)
     start = time.perf_counter()
     compiled_model(*inputs)
-    return Report(graphs, compile_seconds=time.perf_counter() - start)
+    return Report(graphs, compile_seconds=time.perf_counter() - start, compiled=compiled_model)

@@ -43,6 +43,8 @@ class Report:
     graphs: list[GraphReport]
     #: wall time of the first (compiling) call, including Dynamo's tracing
     compile_seconds: float = 0.0
+    #: the compiled model this report describes; call it like the original
+    compiled: Any = None
 
     @property
     def nodes_before(self) -> int:

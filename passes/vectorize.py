@@ -38,6 +38,7 @@ class GroupBuilder:
         self._single: dict[fx.Node, fx.Node] = {}
         self._gathers: dict[tuple, fx.Node] = {}
         self._cats: dict[tuple, fx.Node] = {}
+        self._taken: dict[fx.Node, tuple[fx.Node, list[int]]] = {}  # gather -> (base, rows)
         self._constants: dict[tuple, fx.Node] = {}
         self.buffers = 0
 
@@ -74,13 +75,20 @@ class GroupBuilder:
             for src in sources:
                 start[src], at = at, at + self.size[src]
             rows = [start[src] + r for src, r in pairs]
-        if rows == list(range(self.size[base])):
-            result = base
-        else:
-            index = self.index(rows, tensor_info(nodes[0]).device)
-            result = self.graph.call_function(torch.index_select, (base, 0, index))
-        self.size[result] = len(nodes)
+        result = self.take(base, rows, tensor_info(nodes[0]).device)
         self._gathers[pairs] = result
+        return result
+
+    def take(self, base: fx.Node, rows: list[int], device) -> fx.Node:
+        """Rows ``rows`` of ``base``; a gather of a gather reads the original rows directly."""
+        if base in self._taken:
+            base, inner = self._taken[base]
+            rows = [inner[r] for r in rows]
+        if rows == list(range(self.size[base])):
+            return base
+        result = self.graph.call_function(torch.index_select, (base, 0, self.index(rows, device)))
+        self.size[result] = len(rows)
+        self._taken[result] = (base, rows)
         return result
 
     def _source(self, node: fx.Node) -> tuple[fx.Node, int]:
@@ -119,11 +127,10 @@ class GroupBuilder:
     def index(self, values: list[int], device) -> fx.Node:
         return self.constant(torch.tensor(values, dtype=torch.long, device=device), "index")
 
-    def csr(self, counts: list[int], device) -> tuple[fx.Node, fx.Node]:
-        from dynamo_relational.kernels.segment import csr_from_counts
+    def csr(self, counts: list[int], device) -> fx.Node:
+        from dynamo_relational.kernels.segment import csr_offsets
 
-        offsets, segment_ids = csr_from_counts(counts, device)
-        return self.constant(offsets, "offsets"), self.constant(segment_ids, "segments")
+        return self.constant(csr_offsets(counts, device), "offsets")
 
     def copy(self, node: fx.Node) -> fx.Node:
         new = self.env[node] = self.graph.node_copy(node, self.value)

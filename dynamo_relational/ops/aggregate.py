@@ -52,15 +52,44 @@ class Aggregate(OpFamily):
         import dynamo_relational.kernels  # noqa: F401  (registers the custom op)
 
         g, k, info, reduce = b.graph, len(members), members[0].info, members[0].template
-        counts = [len(m.operands) for m in members]
-        data = b.gather([t for m in members for t in m.operands])
-        if all(c == 1 for c in counts):
-            return data
-        if all(c == counts[0] for c in counts):
-            dense = g.call_method("reshape", (data, (k, counts[0], *info.shape)))
-            return g.call_method(reduce, (dense, 1))
-        offsets, segment_ids = b.csr(counts, info.device)
-        return g.call_function(torch.ops.dynamo_relational.segment_reduce.default, (data, offsets, segment_ids, reduce))
+        terms = [list(m.operands) for m in members]
+        common = _common_terms(terms) if reduce == "sum" and k > 1 else []
+        if common:  # e.g. a bias in every sum: add it once, broadcast, instead of gathering it k times
+            terms = [[t for t in ts if t not in common] for ts in terms]
+        counts = [len(ts) for ts in terms]
+        result = None
+        if any(counts):
+            data = b.gather([t for ts in terms for t in ts])
+            if all(c == 1 for c in counts):
+                result = data
+            elif all(c == counts[0] for c in counts):
+                dense = g.call_method("reshape", (data, (k, counts[0], *info.shape)))
+                result = g.call_method(reduce, (dense, 1))
+            else:
+                result = g.call_function(torch.ops.dynamo_relational.segment_reduce.default,
+                                         (data, b.csr(counts, info.device), reduce))
+        for t in common:
+            shared = b.value(t)
+            result = shared if result is None else g.call_function(torch.add, (result, shared))
+        if all(c == 0 for c in counts):  # every member is the same sum of shared terms
+            result = g.call_method("expand", (g.call_method("unsqueeze", (result, 0)), (k, *info.shape)))
+        return result
+
+
+def _common_terms(terms: list[list[fx.Node]]) -> list[fx.Node]:
+    """Terms that occur exactly once in every member's list."""
+    def once(ts):
+        seen, twice = set(), set()
+        for t in ts:
+            (twice if t in seen else seen).add(t)
+        return seen - twice
+
+    common = once(terms[0])
+    for ts in terms[1:]:
+        if not common:
+            break
+        common &= once(ts)
+    return [t for t in terms[0] if t in common]
 
 
 class Stack(OpFamily):

@@ -47,12 +47,13 @@ class Select(OpFamily):
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         source, batched = b.slot([m.operands[0] for m in members])
         device = members[0].info.device
+        if len(members[0].consts) == 1 and not batched:
+            b.size.setdefault(source, tensor_info(members[0].operands[0]).shape[0])
+            return b.take(source, [m.consts[0] for m in members], device)
         columns = [b.index([m.consts[d] for m in members], device) for d in range(len(members[0].consts))]
         if batched:
             rows = b.index(list(range(len(members))), device)
             return b.graph.call_function(operator.getitem, (source, (rows, *columns)))
-        if len(columns) == 1:
-            return b.graph.call_function(torch.index_select, (source, 0, columns[0]))
         return b.graph.call_function(operator.getitem, (source, tuple(columns)))
 
 

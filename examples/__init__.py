@@ -1,0 +1,1 @@
+"""Runnable scalar-granular relational models (``python -m examples.gcn``)."""

@@ -1,0 +1,44 @@
+"""Shared helper of the examples: eager vs compiled, side by side."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+
+def median_ms(fn, repeats: int = 10, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def compare(model: torch.nn.Module, *inputs, repeats: int = 10, options: dict | None = None) -> dict:
+    """Compile ``model`` with backend="relational", check it against eager and time both."""
+    import dynamo_relational
+
+    with torch.no_grad():
+        report = dynamo_relational.explain(model, *inputs, **(options or {}))
+        compiled = report.compiled
+        out = compiled(*inputs)
+        expected = model(*inputs)
+        eager_ms = median_ms(lambda: model(*inputs), repeats)
+        compiled_ms = median_ms(lambda: compiled(*inputs), repeats)
+    result = dict(max_abs_diff=(out - expected).abs().max().item(), eager_ms=eager_ms,
+                  compiled_ms=compiled_ms, speedup=eager_ms / compiled_ms,
+                  nodes_before=report.nodes_before, nodes_after=report.nodes_after,
+                  groups=report.groups, lower_bound=report.lower_bound,
+                  compile_s=report.compile_seconds)
+    return result
+
+
+def print_result(name: str, r: dict) -> None:
+    print(f"{name}: max |compiled - eager| = {r['max_abs_diff']:.2e}; eager {r['eager_ms']:.2f} ms, "
+          f"compiled {r['compiled_ms']:.3f} ms ({r['speedup']:.0f}x); FX nodes {r['nodes_before']} -> "
+          f"{r['nodes_after']} ({r['groups']} groups, lower bound {r['lower_bound']}); "
+          f"first compile {r['compile_s']:.1f} s")
