@@ -17,6 +17,7 @@ import operator
 import torch.fx as fx
 
 from .context import PassContext
+from .inplace import is_in_place
 
 
 def _is_reshape(node) -> bool:
@@ -51,8 +52,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
               and not node.kwargs and type(node.args[1]) is int and _is_reshape(node.args[0])):
             shape = _squeezed(node.args[0].args[1], node.target, node.args[1])
             if shape is not None:
-                node.target, node.args = "reshape", (node.args[0], shape)
-    graph.eliminate_dead_code()
+                inner = node.args[0]
+                node.target, node.args = "reshape", (inner.args[0] if len(inner.users) == 1 else inner, shape)
+    # In-place ops have no users but must stay (FX does not count methods like mul_ as impure).
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_in_place(n))
     used = {n.target for n in graph.nodes if n.op == "get_attr"}
     for name in [name for name, _ in gm.named_buffers() if name.startswith("_relational_") and name not in used]:
         delattr(gm, name)

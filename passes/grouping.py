@@ -62,10 +62,21 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             op = None
         ops.append(op)
 
+    if ctx.mutations:  # keep the original order: moving a read across a write changes its value
+        ctx.groups = [Group([n], None) for n in units]
+        ctx.stats.update(units=len(units), groups=len(units), schedule="original order")
+        return gm
     groupable = {units[i] for i, op in enumerate(ops) if op is not None}
     keys = [_typed_key(op, groupable) if op else None for op in ops]
     _relax_typed_keys(ops, keys, opts.max_typed_groups)
     preds = [[index[a] for a in n.all_input_nodes if a in index] for n in units]
+    # Ops outside the catalog may be impure (random numbers, I/O): keep their relative order.
+    previous_alone = None
+    for i, op in enumerate(ops):
+        if op is None:
+            if previous_alone is not None:
+                preds[i].append(previous_alone)
+            previous_alone = i
     depth = schedule.asap_depths(preds)
 
     candidates = []

@@ -35,7 +35,8 @@ class GroupBuilder:
         self.env: dict[fx.Node, fx.Node] = {}          # original node -> its value in the new graph
         self.rows: dict[fx.Node, tuple[fx.Node, int]] = {}  # original member -> (group node, row)
         self.size: dict[fx.Node, int] = {}             # group (or source) node -> number of rows
-        self._single: dict[fx.Node, fx.Node] = {}
+        self._single: dict[fx.Node, fx.Node] = {}           # original node -> its value as one row
+        self._value_of_single: dict[fx.Node, fx.Node] = {}  # that row -> the value
         self._gathers: dict[tuple, fx.Node] = {}
         self._cats: dict[tuple, fx.Node] = {}
         self._taken: dict[fx.Node, tuple[fx.Node, list[int]]] = {}  # gather -> (base, rows)
@@ -72,7 +73,7 @@ class GroupBuilder:
         else:
             base = self._cat(tuple(sources))
             start, at = {}, 0
-            for src in sources:
+            for src in self._cat_order(sources):
                 start[src], at = at, at + self.size[src]
             rows = [start[src] + r for src, r in pairs]
         result = self.take(base, rows, tensor_info(nodes[0]).device)
@@ -97,15 +98,30 @@ class GroupBuilder:
         single = self._single.get(node)
         if single is None:
             single = self._single[node] = self.graph.call_method("unsqueeze", (self.value(node), 0))
+            self._value_of_single[single] = self.value(node)
             self.size[single] = 1
         return single, 0
 
     def _cat(self, sources: tuple) -> fx.Node:
+        """All rows of ``sources`` in one tensor; single values are stacked in one node, not unsqueezed."""
         cat = self._cats.get(sources)
         if cat is None:
-            cat = self._cats[sources] = self.graph.call_function(torch.cat, (list(sources),))
+            singles = [self._value_of_single[s] for s in sources if s in self._value_of_single]
+            blocks = [s for s in sources if s not in self._value_of_single]
+            if len(singles) > 1:
+                stacked = self.graph.call_function(torch.stack, (singles,))
+                blocks.insert(0, stacked)
+            elif singles:
+                blocks.insert(0, next(s for s in sources if s in self._value_of_single))
+            cat = blocks[0] if len(blocks) == 1 else self.graph.call_function(torch.cat, (blocks,))
             self.size[cat] = sum(self.size[s] for s in sources)
+            self._cats[sources] = cat
         return cat
+
+    def _cat_order(self, sources: list) -> list:
+        """The order of ``sources``' rows inside ``_cat(sources)``: single values first."""
+        return [s for s in sources if s in self._value_of_single] + \
+            [s for s in sources if s not in self._value_of_single]
 
     def align(self, value: fx.Node, member, rank: int, k: int) -> fx.Node:
         """Reshape batched ``[k, *member.shape]`` so it broadcasts like the member did in a rank-``rank`` op."""

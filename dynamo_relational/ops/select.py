@@ -27,6 +27,8 @@ class Select(OpFamily):
         if src is None or info is None:
             return "indexes something other than a tensor of static shape"
         parts = index if isinstance(index, tuple) else (index,)
+        if parts and all(isinstance(p, slice) for p in parts) and len(parts) <= src.rank:
+            return SLICE.describe_slices(node, source, src, parts, info)
         ints = []
         for j, part in enumerate(parts):
             if type(part) is int and len(ints) == j:
@@ -57,4 +59,25 @@ class Select(OpFamily):
         return b.graph.call_function(operator.getitem, (source, tuple(columns)))
 
 
+class Slice(OpFamily):
+    """Constant slices inside one neuron (``iou[:h]``): the group slices the same
+    ranges after the member dimension."""
+    name = "slice"
+
+    def describe_slices(self, node, source, src, parts, info) -> NeuronOp | str:
+        bounds = []
+        for p in parts:
+            if not all(v is None or type(v) is int for v in (p.start, p.stop, p.step)):
+                return f"slice {p!r} with non-constant bounds"
+            bounds.append((p.start, p.stop, p.step))
+        return NeuronOp(node, self, (self.name, src, tuple(bounds), info), (source,), info, (), parts)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        source, batched = b.slot([m.operands[0] for m in members])
+        if not batched:
+            return None
+        return b.graph.call_function(operator.getitem, (source, (slice(None), *members[0].template)))
+
+
+SLICE = Slice()
 SELECT = register(Select(), functions=[operator.getitem])

@@ -1,0 +1,59 @@
+"""A child-sum TreeLSTM (Tai et al. 2015) over random trees, one tree node at a time.
+
+    python -m examples.tree_lstm [trees] [nodes]
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from examples.common import compare, print_result
+from examples.data import random_forest
+
+
+class ScalarTreeLSTM(nn.Module):
+    def __init__(self, forest: list[list[list[int]]], features: int, hidden: int = 10):
+        super().__init__()
+        self.forest = forest
+        self.hidden = hidden
+        self.W_iou = nn.Linear(features, 3 * hidden)
+        self.U_iou = nn.Linear(hidden, 3 * hidden, bias=False)
+        self.W_f = nn.Linear(features, hidden)
+        self.U_f = nn.Linear(hidden, hidden, bias=False)
+
+    def node(self, x, children_states):
+        iou = self.W_iou(x)
+        if children_states:
+            iou = iou + self.U_iou(sum(h for h, _ in children_states))
+        i, o, u = torch.sigmoid(iou[:self.hidden]), torch.sigmoid(iou[self.hidden:2 * self.hidden]), \
+            torch.tanh(iou[2 * self.hidden:])
+        c = i * u
+        wf = self.W_f(x)
+        for h_k, c_k in children_states:
+            c = c + torch.sigmoid(wf + self.U_f(h_k)) * c_k
+        return o * torch.tanh(c), c
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        roots, start = [], 0
+        for children in self.forest:
+            states = [None] * len(children)
+            for v in reversed(range(len(children))):   # children are numbered after parents
+                states[v] = self.node(x[start + v], [states[c] for c in children[v]])
+            roots.append(states[0][0])
+            start += len(children)
+        return torch.stack(roots)
+
+
+def main(trees: int = 50, nodes: int = 500) -> dict:
+    torch.manual_seed(0)
+    forest = random_forest(trees, nodes)
+    x = torch.randn(nodes, 8)
+    result = compare(ScalarTreeLSTM(forest, 8), x)
+    print_result(f"TreeLSTM over {trees} random trees ({nodes} nodes)", result)
+    return result
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:3]))

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up (virtual environment, CPU torch) and run the default test suite. Usage: ./test.sh [pytest args]
+set -euo pipefail
+cd "$(dirname "$0")"
+source scripts/setup.sh
+python -m pytest -q "$@" tests

@@ -1,0 +1,118 @@
+"""The backend as users meet it: registration, options, fallback, in-place code."""
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import dynamo_relational
+from dynamo_relational import Options, OptionsError
+from tests.conftest import assert_compiled_matches_eager
+
+
+def test_backend_is_found_in_a_fresh_interpreter():
+    code = ("import torch\n"
+            "m = torch.nn.Linear(3, 2)\n"
+            "x = torch.randn(4, 3)\n"
+            "y = torch.compile(m, backend='relational', options={'inductor': False})(x)\n"
+            "assert torch.allclose(y, m(x))\n"
+            "import sys; assert 'torch' in sys.modules\n"
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_unknown_option_is_a_clear_error():
+    with pytest.raises(OptionsError, match="unknown option 'inductr'.*did you mean 'inductor'"):
+        Options.from_mapping({"inductr": False})
+    with pytest.raises(OptionsError, match="'min_group_size' must be >= 1"):
+        Options.from_mapping({"min_group_size": 0})
+    with pytest.raises(OptionsError, match="'scheduler'"):
+        Options.from_mapping({"scheduler": "fastest"})
+
+
+def test_unknown_option_reaches_the_user_through_torch_compile():
+    compiled = torch.compile(nn.Linear(2, 2), backend="relational", options={"bogus": 1})
+    with pytest.raises(Exception, match="unknown option 'bogus'"):
+        compiled(torch.randn(1, 2))
+
+
+class Mixed(nn.Module):
+    """A standard encoder, scalar-granular message passing, a standard readout."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(5, 8), nn.ReLU())
+        self.W = nn.Parameter(torch.randn(8, 8) / 3)
+        self.nbrs = [[1, 2], [0], [0, 1, 3], [2]]
+        self.readout = nn.Linear(8, 1)
+
+    def forward(self, x):
+        h = self.encoder(x)
+        rows = [torch.tanh(sum(self.W @ h[u] for u in nbrs)) for nbrs in self.nbrs]
+        return self.readout(torch.stack(rows)).sum()
+
+
+@pytest.mark.parametrize("model,inputs", [
+    (nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3)), (torch.randn(4, 6),)),
+    (nn.Sequential(nn.Conv2d(2, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 2)), (torch.randn(2, 2, 8, 8),)),
+    (nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), (torch.randn(2, 5, 16),)),
+    (Mixed(), (torch.randn(4, 5),)),
+], ids=["mlp", "convnet", "transformer", "mixed"])
+def test_non_relational_and_mixed_models_match_eager(model, inputs):
+    model.eval()
+    assert_compiled_matches_eager(model, *inputs, inductor=False)
+
+
+def test_mlp_through_inductor_matches_plain_inductor():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 2))
+    x = torch.randn(3, 6)
+    ours = torch.compile(model, backend="relational")(x)
+    torch._dynamo.reset()
+    stock = torch.compile(model, backend="inductor")(x)
+    torch.testing.assert_close(ours, stock)
+
+
+class InPlace(nn.Module):
+    def __init__(self, accumulate_only: bool):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(3, 3))
+        self.accumulate_only = accumulate_only
+
+    def forward(self, x):
+        out = []
+        for v in range(4):
+            acc = self.W @ x[v]
+            acc += self.W @ x[(v + 1) % 4]
+            if not self.accumulate_only:
+                x[v].mul_(0.5)    # mutates the input seen by later neurons
+            out.append(torch.relu(acc))
+        return torch.stack(out)
+
+
+def test_in_place_accumulation_is_grouped():
+    report = assert_compiled_matches_eager(InPlace(True).double(), torch.randn(4, 3, dtype=torch.float64), inductor=False)
+    assert report.nodes_after < report.nodes_before
+
+
+def test_other_in_place_ops_leave_the_graph_ungrouped_with_a_reason():
+    torch.manual_seed(0)
+    model, x = InPlace(False), torch.randn(4, 3)
+    with torch.no_grad():
+        report = dynamo_relational.explain(model, x.clone(), inductor=False, strict=True)
+        got = report.compiled(x.clone())
+        want = model(x.clone())
+    torch.testing.assert_close(got, want)
+    assert any("in-place" in reason for reason in report.ungrouped)
+
+
+def test_report_prints_a_table_and_graphs():
+    report = assert_compiled_matches_eager(Mixed(), torch.randn(4, 5), inductor=False)
+    text = str(report)
+    for row in ("FX nodes before grouping", "FX nodes after grouping", "groups", "lower bound", "pass grouping"):
+        assert row in text
+    assert "def forward" in report.graphs[0].before and "def forward" in report.graphs[0].after
+    assert report.lower_bound <= report.groups

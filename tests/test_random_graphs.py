@@ -1,0 +1,61 @@
+"""Property test: random scalar-granular DAGs of mixed ops, fan-ins, shapes and dtypes
+compile to the same outputs and gradients as eager."""
+import os
+
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tests.conftest import assert_compiled_matches_eager
+
+EXAMPLES = int(os.environ.get("RELATIONAL_FUZZ_EXAMPLES", "8"))
+VECTOR_OPS = ["add", "mul", "relu", "sigmoid", "tanh", "matvec", "sum", "amax", "mean", "scale", "offset"]
+
+
+class RandomScalarNet(torch.nn.Module):
+    """Interprets a random program: every step makes one vector ([d]) or scalar value."""
+
+    def __init__(self, program, rows, width, dtype):
+        super().__init__()
+        self.program = program
+        self.rows = rows
+        self.W = torch.nn.Parameter(torch.randn(width, width, dtype=dtype) / width ** 0.5)
+        self.w = torch.nn.Parameter(torch.randn(rows, dtype=dtype))
+
+    def forward(self, x):
+        values = [x[i] for i in range(self.rows)]
+        scalars = [self.w[i] for i in range(self.rows)]
+        for op, picks, const in self.program:
+            a, b = values[picks[0] % len(values)], values[picks[1] % len(values)]
+            if op == "add":
+                v = a + b
+            elif op == "mul":
+                v = a * b
+            elif op in ("relu", "sigmoid", "tanh"):
+                v = getattr(torch, op)(a)
+            elif op == "matvec":
+                v = self.W @ a
+            elif op == "sum":
+                v = sum(values[p % len(values)] for p in picks)
+            elif op in ("amax", "mean"):
+                v = getattr(torch.stack([values[p % len(values)] for p in picks]), op)(0)
+            elif op == "scale":
+                v = scalars[picks[0] % len(scalars)] * a
+            else:
+                v = a + const
+            values.append(v)
+            scalars.append(torch.dot(a, b) if op == "mul" else v.sum())
+        return torch.cat([torch.stack(values[self.rows:]).flatten(), torch.stack(scalars[self.rows:])])
+
+
+step = st.tuples(st.sampled_from(VECTOR_OPS), st.lists(st.integers(0, 1000), min_size=2, max_size=5),
+                 st.sampled_from([0.5, -1.0, 2.0, 0.25]))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(program=st.lists(step, min_size=1, max_size=25), rows=st.integers(2, 6), width=st.integers(1, 4),
+       double=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_random_scalar_dag_matches_eager(program, rows, width, double, seed):
+    torch.manual_seed(seed)
+    dtype = torch.float64 if double else torch.float32
+    model = RandomScalarNet(program, rows, width, dtype)
+    assert_compiled_matches_eager(model, torch.randn(rows, width, dtype=dtype), inductor=False)
