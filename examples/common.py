@@ -42,3 +42,15 @@ def print_result(name: str, r: dict) -> None:
           f"compiled {r['compiled_ms']:.3f} ms ({r['speedup']:.0f}x); FX nodes {r['nodes_before']} -> "
           f"{r['nodes_after']} ({r['groups']} groups, lower bound {r['lower_bound']}); "
           f"first compile {r['compile_s']:.1f} s")
+
+
+def run_graph_example(title: str, build, name: str = "mutagenesis", graphs: int | None = None) -> dict:
+    """Build ``build(batch)`` on a batch shaped like data set ``name``, compare and print."""
+    from examples.data import graph_batch
+
+    torch.manual_seed(0)
+    batch = graph_batch(name, graphs)
+    result = compare(build(batch), batch.x)
+    print_result(f"{title} on {name} ({batch.num_graphs} graphs, {batch.num_nodes} nodes, "
+                 f"{len(batch.edges)} edges)", result)
+    return result

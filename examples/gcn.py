@@ -10,8 +10,8 @@ import sys
 import torch
 from torch import nn
 
-from examples.common import compare, print_result
-from examples.data import GraphBatch, graph_batch
+from examples.common import run_graph_example
+from examples.data import GraphBatch
 
 
 class ScalarGCN(nn.Module):
@@ -35,13 +35,7 @@ class ScalarGCN(nn.Module):
 
 
 def main(name: str = "mutagenesis", graphs: int | None = None) -> dict:
-    torch.manual_seed(0)
-    batch = graph_batch(name, graphs)
-    model = ScalarGCN(batch, batch.x.shape[1])
-    result = compare(model, batch.x)
-    print_result(f"scalar GCN on {name} ({batch.num_graphs} graphs, {batch.num_nodes} nodes, "
-                 f"{len(batch.edges)} edges)", result)
-    return result
+    return run_graph_example("scalar GCN", lambda b: ScalarGCN(b, b.x.shape[1]), name, graphs)
 
 
 if __name__ == "__main__":

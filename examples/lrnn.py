@@ -18,8 +18,8 @@ import sys
 import torch
 from torch import nn
 
-from examples.common import compare, print_result
-from examples.data import GraphBatch, graph_batch
+from examples.common import run_graph_example
+from examples.data import GraphBatch
 
 
 class ScalarLRNN(nn.Module):
@@ -44,11 +44,7 @@ class ScalarLRNN(nn.Module):
 
 
 def main(name: str = "mutagenesis", graphs: int | None = None) -> dict:
-    torch.manual_seed(0)
-    batch = graph_batch(name, graphs)
-    result = compare(ScalarLRNN(batch), batch.x)
-    print_result(f"LRNN rule network on {name} ({batch.num_graphs} graphs)", result)
-    return result
+    return run_graph_example("LRNN rule network", ScalarLRNN, name, graphs)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ import sys
 import torch
 from torch import nn
 
-from examples.common import compare, print_result
-from examples.data import GraphBatch, graph_batch
+from examples.common import run_graph_example
+from examples.data import GraphBatch
 
 
 class ScalarSAGE(nn.Module):
@@ -36,11 +36,7 @@ class ScalarSAGE(nn.Module):
 
 
 def main(name: str = "mutagenesis", graphs: int | None = None) -> dict:
-    torch.manual_seed(0)
-    batch = graph_batch(name, graphs)
-    result = compare(ScalarSAGE(batch, batch.x.shape[1]), batch.x)
-    print_result(f"scalar GraphSAGE on {name} ({batch.num_graphs} graphs)", result)
-    return result
+    return run_graph_example("scalar GraphSAGE", lambda b: ScalarSAGE(b, b.x.shape[1]), name, graphs)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node in gm.graph.nodes:
         if not is_in_place(node):
             continue
-        pure = _PURE_FORM.get(node.target) if node.op == "call_method" or node.target in _PURE_FORM else None
+        pure = _PURE_FORM.get(node.target)
         target = node.args[0] if node.args else None
         if (pure is not None and len(node.args) == 2 and not node.kwargs and isinstance(target, fx.Node)
                 and _fresh_temporary(target, node) and tensor_info(node) == tensor_info(target)):

@@ -106,13 +106,14 @@ class GroupBuilder:
         """All rows of ``sources`` in one tensor; single values are stacked in one node, not unsqueezed."""
         cat = self._cats.get(sources)
         if cat is None:
-            singles = [self._value_of_single[s] for s in sources if s in self._value_of_single]
-            blocks = [s for s in sources if s not in self._value_of_single]
+            ordered = self._cat_order(sources)
+            singles = [s for s in ordered if s in self._value_of_single]
+            blocks = ordered[len(singles):]
             if len(singles) > 1:
-                stacked = self.graph.call_function(torch.stack, (singles,))
-                blocks.insert(0, stacked)
-            elif singles:
-                blocks.insert(0, next(s for s in sources if s in self._value_of_single))
+                values = [self._value_of_single[s] for s in singles]
+                blocks.insert(0, self.graph.call_function(torch.stack, (values,)))
+            else:
+                blocks = singles + blocks
             cat = blocks[0] if len(blocks) == 1 else self.graph.call_function(torch.cat, (blocks,))
             self.size[cat] = sum(self.size[s] for s in sources)
             self._cats[sources] = cat
