@@ -44,6 +44,8 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False) ->
         return gm, GraphReport.from_context(ctx, nodes_before, nodes_before, before_code, before_code)
     try:
         for name, run_pass in PIPELINE:
+            if name in options.disable:
+                continue
             with ctx.timed(name):
                 gm = run_pass(gm, ctx)
             ctx.node_counts[name] = len(gm.graph.nodes)

@@ -43,6 +43,11 @@ class Options:
     #: On an internal error, raise it instead of logging it and compiling the
     #: ungrouped graph (which is always correct, only slower).
     strict: bool = False
+    #: Optimizer passes to skip, by name (see ``dynamo_relational.passes.OPTIONAL_PASSES``):
+    #: ``"postpone_gathers"`` (row-wise ops before gathers), ``"compose_gathers"``
+    #: (gathers of gathers read the original rows), ``"simplify_gathers"`` (range
+    #: gathers become slices).
+    disable: tuple[str, ...] = ()
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | "Options" | None) -> "Options":
@@ -61,6 +66,8 @@ class Options:
                 raise OptionsError(
                     f"unknown option {key!r} for backend 'relational'{hint} "
                     f"Known options: {', '.join(sorted(known))}")
+        if isinstance(options.get("disable"), list):
+            options = {**options, "disable": tuple(options["disable"])}
         result = cls(**options)
         result._validate()
         return result
@@ -77,6 +84,14 @@ class Options:
         if self.scheduler not in ("auto", "asap", "agenda"):
             raise OptionsError(
                 f"option 'scheduler' must be 'auto', 'asap' or 'agenda', got {self.scheduler!r}")
+        from dynamo_relational.passes import OPTIONAL_PASSES
+
+        if isinstance(self.disable, str) or not all(isinstance(p, str) for p in self.disable):
+            raise OptionsError(f"option 'disable' must be a tuple of pass names, got {self.disable!r}")
+        unknown = sorted(set(self.disable) - set(OPTIONAL_PASSES))
+        if unknown:
+            raise OptionsError(f"option 'disable' names unknown pass(es) {unknown}; "
+                               f"optional passes: {', '.join(OPTIONAL_PASSES)}")
         for name in ("min_group_size", "max_member_numel", "max_typed_groups"):
             if getattr(self, name) < 1:
                 raise OptionsError(f"option {name!r} must be >= 1, got {getattr(self, name)}")

@@ -1,8 +1,11 @@
 """Graph passes of the relational backend, in pipeline order.
 
 Each pass is one module with ``run(graph_module, ctx) -> graph_module``.
+The first five build the vectorized graph; the rest optimize it and can be
+switched off one by one with ``options={"disable": ("name", ...)}``.
 """
-from . import aggregation, cleanup, cse, grouping, inplace, vectorize
+from . import (aggregation, cleanup, compose_gathers, cse, grouping, inplace, postpone_gathers,
+               simplify_gathers, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
@@ -12,7 +15,13 @@ PIPELINE = (
     ("cse", cse.run),                # merge duplicated reads and ops
     ("grouping", grouping.run),      # signatures + schedule -> groups
     ("vectorize", vectorize.run),    # one vectorized node per group
-    ("cleanup", cleanup.run),        # dead code, lint
+    ("postpone_gathers", postpone_gathers.run),  # f(x[I]) -> f(x)[I] for row-wise f
+    ("compose_gathers", compose_gathers.run),    # gathers of gathers read the original rows
+    ("simplify_gathers", simplify_gathers.run),  # identity / range gathers -> views
+    ("cleanup", cleanup.run),        # dead code, reshape chains, lint
 )
 
-__all__ = ["PIPELINE", "PassContext"]
+#: the optimizer passes that ``options["disable"]`` may name
+OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers")
+
+__all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]

@@ -4,7 +4,7 @@ Rewrites into one ``aggregate(terms, reduce)`` node:
 
 * trees and chains of ``+`` over values of one shape and dtype
   (``acc = acc + W @ x[u]`` in a loop), including the ``0 +`` that the
-  ``sum()`` builtin starts with;
+  ``sum()`` builtin starts with and a ``torch.zeros`` accumulator's start;
 * ``torch.stack(terms).sum/mean/amax/amin(0)``.
 
 Legal because only additions whose result has a single user (the next
@@ -25,14 +25,18 @@ from dynamo_relational.ops import aggregate_fn, tensor_info
 from dynamo_relational.ops.aggregate import REDUCTIONS
 
 from .context import PassContext
+from .inplace import is_zeros
 
 _ADD = {operator.add, torch.add, "add", "__radd__"}
 _STACK_REDUCERS = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin",
                    "sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin"}
 
 
-def _is_zero(value) -> bool:
-    return type(value) in (int, float) and value == 0
+def _is_zero(value, like=None) -> bool:
+    """A Python 0, or (given the sum's ``like`` info) a ``torch.zeros`` of exactly that shape and dtype."""
+    if type(value) in (int, float):
+        return value == 0
+    return like is not None and is_zeros(value) and tensor_info(value) == like
 
 
 def _addends(node: fx.Node):
@@ -47,7 +51,7 @@ def _addends(node: fx.Node):
     for a in node.args:
         if not (_is_zero(a) or (isinstance(a, fx.Node) and tensor_info(a) == info)):
             return None
-    if all(_is_zero(a) for a in node.args):
+    if all(_is_zero(a, info) for a in node.args):
         return None
     return node.args
 
@@ -92,7 +96,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 continue
             reduce, terms = "sum", []
             for a in addends:
-                if _is_zero(a):
+                if _is_zero(a, tensor_info(node)):
                     continue
                 inner = terms_of.get(a)
                 if inner is not None and inner[1] == "sum" and len(a.users) == 1:

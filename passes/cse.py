@@ -3,12 +3,14 @@
 Scalar-granular code reads the same row many times (``x[u]`` once per edge)
 and Dynamo records every read. Two nodes with the same target and the same
 arguments (nodes by identity, constants by type and value) compute the same
-value when the op is pure: every op in the neuron-op catalog is, and in-place
-variants are excluded. Merging them shrinks the graph before grouping.
+value when the op is pure: every op in the neuron-op catalog is, so are
+layout views such as ``W.T`` (merged so that a weight stays one shared
+operand), and in-place variants are excluded. Merging them shrinks the graph before grouping.
 Graphs that keep in-place ops are left alone.
 """
 from __future__ import annotations
 
+import torch
 import torch.fx as fx
 
 from dynamo_relational.ops import REGISTRY
@@ -37,13 +39,32 @@ def _freeze(value):
     return (type(value).__name__, value)
 
 
+_VIEW_ATTRIBUTES = {"T", "mT", "H", "mH"}
+_VIEW_METHODS = {"t", "transpose", "permute", "contiguous", "expand", "detach"}
+_VIEW_FUNCTIONS = {torch.t, torch.transpose, torch.permute}
+
+
+def _is_pure_view(node: fx.Node) -> bool:
+    """Layout-only ops outside the catalog (``W.T``, ``W.t()``): merging them keeps weights shared."""
+    if node.op == "call_method":
+        return node.target in _VIEW_METHODS
+    if node.op != "call_function":
+        return False
+    if node.target is getattr:
+        return len(node.args) == 2 and node.args[1] in _VIEW_ATTRIBUTES
+    try:
+        return node.target in _VIEW_FUNCTIONS
+    except TypeError:
+        return False
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if ctx.mutations:
         return gm
     seen: dict = {}
     removed = 0
     for node in list(gm.graph.nodes):
-        if REGISTRY.family_of(node) is None or is_in_place(node):
+        if (REGISTRY.family_of(node) is None and not _is_pure_view(node)) or is_in_place(node):
             continue
         try:
             key = (node.op, node.target, _freeze(node.args), _freeze(node.kwargs))

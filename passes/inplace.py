@@ -2,8 +2,8 @@
 
 Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 ``alpha``) into ``acc + t``. Legal when ``acc`` is a fresh temporary: produced
-by an arithmetic op (not a view, input or parameter) whose only user is the
-in-place op, and the result has ``acc``'s shape and dtype. Then nothing else
+by an arithmetic op or ``torch.zeros`` (not a view, input or parameter) whose
+only user is the in-place op, and the result has ``acc``'s shape and dtype. Then nothing else
 can observe the mutation. Every other in-place op is recorded in
 ``ctx.mutations``; the grouping pass then leaves the graph as it is, since
 grouping copies values that in-place ops may alias.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 
+import torch
 import torch.fx as fx
 
 from dynamo_relational.ops import REGISTRY, tensor_info
@@ -49,8 +50,14 @@ def is_in_place(node: fx.Node) -> bool:
 
 
 def _fresh_temporary(node: fx.Node, user: fx.Node) -> bool:
-    return (node.op in ("call_function", "call_method") and REGISTRY.family_of(node) in _FRESH_FAMILIES
-            and list(node.users) == [user] and not is_in_place(node))
+    fresh = (node.op in ("call_function", "call_method") and REGISTRY.family_of(node) in _FRESH_FAMILIES) \
+        or is_zeros(node)
+    return fresh and list(node.users) == [user] and not is_in_place(node)
+
+
+def is_zeros(node) -> bool:
+    """``torch.zeros(...)`` / ``torch.zeros_like(...)``: a new tensor of zeros (an accumulator's start)."""
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in (torch.zeros, torch.zeros_like)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:

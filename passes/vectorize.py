@@ -19,7 +19,8 @@ import operator
 import torch
 import torch.fx as fx
 
-from dynamo_relational.ops import tensor_info
+from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
+from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
 
@@ -65,31 +66,52 @@ class GroupBuilder:
         """A ``[len(nodes), *shape]`` tensor whose row ``i`` is the value of ``nodes[i]``."""
         pairs = tuple(self._source(n) for n in nodes)
         cached = self._gathers.get(pairs)
-        if cached is not None:
-            return cached
+        if cached is None:
+            base, rows = self._base_rows(pairs)
+            cached = self._gathers[pairs] = self.take(base, rows, tensor_info(nodes[0]))
+        return cached
+
+    def rows_of(self, nodes: list[fx.Node]) -> tuple[fx.Node, list[int]]:
+        """``(base, rows)`` with ``base[rows[i]]`` the value of ``nodes[i]``, without emitting the gather
+        (for kernels that gather while they compute)."""
+        base, rows = self._base_rows(tuple(self._source(n) for n in nodes))
+        return self._untaken(base, rows)
+
+    def _base_rows(self, pairs: tuple) -> tuple[fx.Node, list[int]]:
         sources = list(dict.fromkeys(src for src, _ in pairs))
         if len(sources) == 1:
-            base, rows = sources[0], [r for _, r in pairs]
-        else:
-            base = self._cat(tuple(sources))
-            start, at = {}, 0
-            for src in self._cat_order(sources):
-                start[src], at = at, at + self.size[src]
-            rows = [start[src] + r for src, r in pairs]
-        result = self.take(base, rows, tensor_info(nodes[0]).device)
-        self._gathers[pairs] = result
-        return result
+            return sources[0], [r for _, r in pairs]
+        base = self._cat(tuple(sources))
+        start, at = {}, 0
+        for src in self._cat_order(sources):
+            start[src], at = at, at + self.size[src]
+        return base, [start[src] + r for src, r in pairs]
 
-    def take(self, base: fx.Node, rows: list[int], device) -> fx.Node:
-        """Rows ``rows`` of ``base``; a gather of a gather reads the original rows directly."""
+    def _untaken(self, base: fx.Node, rows: list[int]) -> tuple[fx.Node, list[int]]:
+        """A gather of a gather reads the original rows directly."""
         if base in self._taken:
             base, inner = self._taken[base]
             rows = [inner[r] for r in rows]
+        return base, rows
+
+    def take(self, base: fx.Node, rows: list[int], row) -> fx.Node:
+        """Rows ``rows`` of ``base``, whose rows are like ``row`` (a TensorInfo).
+
+        Floating rows are read with ``gather_rows``: ``index_select`` with a
+        deterministic backward (see kernels/gather_reduce.py)."""
+        base, rows = self._untaken(base, rows)
         if rows == list(range(self.size[base])):
             return base
-        result = self.graph.call_function(torch.index_select, (base, 0, self.index(rows, device)))
+        index = torch.tensor(rows, dtype=torch.long, device=row.device)
+        if row.dtype.is_floating_point:
+            csr = pack_csr(unit_offsets(len(rows), row.device), index, self.size[base])
+            result = self.graph.call_function(torch.ops.dynamo_relational.gather_rows.default,
+                                              (base, self.constant(csr, "csr")))
+        else:
+            result = self.graph.call_function(torch.index_select, (base, 0, self.constant(index, "index")))
         self.size[result] = len(rows)
         self._taken[result] = (base, rows)
+        result.meta["rel_info"] = TensorInfo((len(rows), *row.shape), row.dtype, row.device)
         return result
 
     def _source(self, node: fx.Node) -> tuple[fx.Node, int]:
@@ -100,6 +122,9 @@ class GroupBuilder:
             single = self._single[node] = self.graph.call_method("unsqueeze", (self.value(node), 0))
             self._value_of_single[single] = self.value(node)
             self.size[single] = 1
+            info = tensor_info(node)
+            if info is not None:
+                single.meta["rel_info"] = TensorInfo((1, *info.shape), info.dtype, info.device)
         return single, 0
 
     def _cat(self, sources: tuple) -> fx.Node:
@@ -111,12 +136,19 @@ class GroupBuilder:
             blocks = ordered[len(singles):]
             if len(singles) > 1:
                 values = [self._value_of_single[s] for s in singles]
-                blocks.insert(0, self.graph.call_function(torch.stack, (values,)))
+                stacked = self.graph.call_function(torch.stack, (values,))
+                info = tensor_info(singles[0])
+                if info is not None:
+                    stacked.meta["rel_info"] = TensorInfo((len(singles), *info.shape[1:]), info.dtype, info.device)
+                blocks.insert(0, stacked)
             else:
                 blocks = singles + blocks
             cat = blocks[0] if len(blocks) == 1 else self.graph.call_function(torch.cat, (blocks,))
             self.size[cat] = sum(self.size[s] for s in sources)
             self._cats[sources] = cat
+            row = tensor_info(sources[0])
+            if row is not None:
+                cat.meta["rel_info"] = TensorInfo((self.size[cat], *row.shape[1:]), row.dtype, row.device)
         return cat
 
     def _cat_order(self, sources: list) -> list:
@@ -148,6 +180,15 @@ class GroupBuilder:
         from dynamo_relational.kernels.segment import csr_offsets
 
         return self.constant(csr_offsets(counts, device), "offsets")
+
+    def gather_reduce(self, base: fx.Node, rows: list[int], counts: list[int], reduce: str, device) -> fx.Node:
+        """``reduce`` over consecutive runs (of sizes ``counts``) of the rows ``rows`` of ``base``, fused."""
+        from dynamo_relational.kernels.segment import csr_offsets
+
+        index = torch.tensor(rows, dtype=torch.long, device=device)
+        csr = pack_csr(csr_offsets(counts, device), index, self.size[base])
+        return self.graph.call_function(torch.ops.dynamo_relational.gather_reduce.default,
+                                        (base, self.constant(csr, "csr"), len(counts), reduce))
 
     def copy(self, node: fx.Node) -> fx.Node:
         new = self.env[node] = self.graph.node_copy(node, self.value)
@@ -183,6 +224,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 new = unique[0].family.emit(unique, b)
                 if new is not None:
                     b.size[new] = len(unique)
+                    info = unique[0].info
+                    new.meta["rel_info"] = TensorInfo((len(unique), *info.shape), info.dtype, info.device)
                     for op, row in zip(ops, row_of):
                         b.rows[op.node] = (new, row)
                     vectorized += 1

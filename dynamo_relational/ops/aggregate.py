@@ -2,9 +2,12 @@
 
 ``aggregate(terms, reduce)`` is the n-ary node that the aggregation pass makes
 from ``+`` trees, ``sum(...)`` and ``torch.stack(list).sum/mean/amax/amin(0)``.
-A group of them gathers all terms into one ``[T, *shape]`` tensor, then
-reduces: uniform fan-in becomes ``reshape(k, f, ...)`` plus a dense reduction,
-variable fan-in a segment reduction over CSR offsets.
+A group of them reduces all members' terms at once: sums and means become one
+fused ``gather_reduce`` (a sparse CSR product that reads the terms' rows in
+place); max and min gather the terms into one ``[T, *shape]`` tensor, then
+reduce it densely (``reshape(k, f, ...)``) for uniform fan-in or per CSR
+segment for variable fan-in. Terms shared by every member (a bias) are added
+once, broadcast.
 
 ``torch.stack`` / ``torch.cat`` of neuron values (typically the model's output
 ``torch.stack(out)``) become one gather plus a reshape.
@@ -15,6 +18,8 @@ from typing import Sequence
 
 import torch
 import torch.fx as fx
+
+from dynamo_relational.kernels.gather_reduce import GATHER_REDUCTIONS
 
 from .base import NeuronOp, OpFamily, register, tensor_info
 
@@ -49,17 +54,20 @@ class Aggregate(OpFamily):
         return NeuronOp(node, self, (self.name, reduce, info), tuple(terms), info, (), reduce)
 
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
-        import dynamo_relational.kernels  # noqa: F401  (registers the custom op)
-
         g, k, info, reduce = b.graph, len(members), members[0].info, members[0].template
         terms = [list(m.operands) for m in members]
         common = _common_terms(terms) if reduce == "sum" and k > 1 else []
         if common:  # e.g. a bias in every sum: add it once, broadcast, instead of gathering it k times
             terms = [[t for t in ts if t not in common] for ts in terms]
         counts = [len(ts) for ts in terms]
+        flat = [t for ts in terms for t in ts]
         result = None
-        if any(counts):
-            data = b.gather([t for ts in terms for t in ts])
+        if max(counts) > 1 and reduce in GATHER_REDUCTIONS and info.dtype.is_floating_point:
+            # sum/mean: gather and reduce in one sparse product, no [T, ...] copy
+            base, rows = b.rows_of(flat)
+            result = b.gather_reduce(base, rows, counts, reduce, info.device)
+        elif any(counts):
+            data = b.gather(flat)
             if all(c == 1 for c in counts):
                 result = data
             elif all(c == counts[0] for c in counts):

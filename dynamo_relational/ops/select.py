@@ -51,7 +51,7 @@ class Select(OpFamily):
         device = members[0].info.device
         if len(members[0].consts) == 1 and not batched:
             b.size.setdefault(source, tensor_info(members[0].operands[0]).shape[0])
-            return b.take(source, [m.consts[0] for m in members], device)
+            return b.take(source, [m.consts[0] for m in members], members[0].info)
         columns = [b.index([m.consts[d] for m in members], device) for d in range(len(members[0].consts))]
         if batched:
             rows = b.index(list(range(len(members))), device)

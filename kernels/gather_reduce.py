@@ -1,0 +1,166 @@
+"""Fused gather + segment sum/mean (a sparse CSR times dense product), and a
+row gather with the same deterministic backward.
+
+``gather_reduce(source, csr, rows, reduce)`` computes
+
+    out[i] = reduce(source[index[offsets[i]:offsets[i+1]]])      reduce in {"sum", "mean"}
+
+which is ``A @ source`` for the 0/1 matrix ``A`` with CSR row pointers
+``offsets`` and column indices ``index``. Message passing written one edge at
+a time (``sum(W @ h[u] for u in nbrs)``) groups into exactly this. On CPU it
+runs as MKL's sparse-dense product: each output row is reduced by one thread
+in index order (deterministic), reading ``source`` in place instead of
+materialising the ``[nnz, ...]`` rows that ``index_select`` +
+``segment_reduce`` copy.
+
+The backward pass is the transposed product ``grad_source = A^T @ grad_out``
+(divided by the segment sizes first for ``mean``): again row-parallel and
+deterministic, never an atomic scatter. The index structure is a compile-time
+constant, so the transpose is computed once, by :func:`pack_csr`, and travels
+with ``A`` in one packed buffer ``csr = [offsets, index, offsets_t, index_t]``;
+``transpose=True`` multiplies by ``A^T`` instead.
+
+``gather_rows(source, csr)`` is ``source[index]`` (``index_select``, with
+``A`` one entry per row) with the same backward: the gradient of a source row
+is the ordered sum of the gradients of the rows that read it, instead of the
+``index_add`` that autograd would use (and Inductor would lower to atomic
+adds on CPU).
+
+Empty segments reduce to 0 (also for ``mean``).
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+# The CSR product is all we use of the sparse API; its "beta" notice is noise to our users.
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+GATHER_REDUCTIONS = ("sum", "mean")
+
+
+def pack_csr(offsets: Tensor, index: Tensor, columns: int) -> Tensor:
+    """One buffer holding ``A`` (``offsets``, ``index``) and ``A^T`` for a source of ``columns`` rows."""
+    rows = offsets.shape[0] - 1
+    row_of = torch.repeat_interleave(torch.arange(rows, device=offsets.device), offsets[1:] - offsets[:-1],
+                                     output_size=index.shape[0])
+    order = torch.argsort(index * max(rows, 1) + row_of, stable=True)
+    offsets_t = torch.zeros(columns + 1, dtype=torch.long, device=offsets.device)
+    torch.cumsum(torch.bincount(index, minlength=columns), 0, out=offsets_t[1:])
+    return torch.cat([offsets, index, offsets_t, row_of[order]])
+
+
+def unpack_csr(csr: Tensor, rows: int, columns: int, transpose: bool = False) -> tuple[Tensor, Tensor]:
+    """``(offsets, index)`` of ``A`` (``rows`` x ``columns``) or, with ``transpose``, of ``A^T``."""
+    rest = csr.shape[0] - rows - columns - 2
+    nnz = rest // 2
+    if rest % 2 or nnz < 0:
+        raise ValueError(f"packed CSR of length {csr.shape[0]} does not fit a {rows} x {columns} matrix")
+    if transpose:
+        start = rows + 1 + nnz
+        return csr[start:start + columns + 1], csr[start + columns + 1:]
+    return csr[:rows + 1], csr[rows + 1:rows + 1 + nnz]
+
+
+def _check(source: Tensor, csr: Tensor, reduce: str) -> None:
+    if reduce not in GATHER_REDUCTIONS:
+        raise ValueError(f"gather_reduce: reduce must be one of {GATHER_REDUCTIONS}, got {reduce!r}")
+    if source.dim() == 0 or not source.dtype.is_floating_point:
+        raise ValueError(f"gather_reduce: source must be a floating tensor with rows, got "
+                         f"{source.dtype} of shape {tuple(source.shape)}")
+    if csr.dim() != 1 or csr.dtype != torch.long:
+        raise ValueError(f"gather_reduce: csr must be a 1-D int64 tensor, got {csr.dtype} {tuple(csr.shape)}")
+
+
+def _dims(source: Tensor, rows: int, transpose: bool) -> tuple[int, int]:
+    """(rows, columns) of ``A`` itself."""
+    return (source.shape[0], rows) if transpose else (rows, source.shape[0])
+
+
+def _counts(offsets: Tensor, dtype: torch.dtype) -> Tensor:
+    return (offsets[1:] - offsets[:-1]).clamp(min=1).to(dtype)
+
+
+@torch.library.custom_op("dynamo_relational::gather_reduce", mutates_args=())
+def gather_reduce(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
+    _check(source, csr, reduce)
+    offsets, index = unpack_csr(csr, *_dims(source, rows, transpose), transpose=transpose)
+    flat = source.reshape(source.shape[0], -1)
+    if index.shape[0] == 0 or flat.shape[1] == 0:
+        out = flat.new_zeros((rows, flat.shape[1]))
+    else:
+        ones = torch.ones(index.shape[0], dtype=source.dtype, device=source.device)
+        matrix = torch.sparse_csr_tensor(offsets, index, ones, (rows, source.shape[0]), check_invariants=False)
+        out = torch.sparse.mm(matrix, flat.contiguous())
+    if reduce == "mean":
+        out = out / _counts(offsets, out.dtype).unsqueeze(1)
+    return out.reshape((rows, *source.shape[1:]))
+
+
+@gather_reduce.register_fake
+def _(source, csr, rows, reduce, transpose=False):
+    _check(source, csr, reduce)
+    return source.new_empty((rows, *source.shape[1:]))
+
+
+def _setup_gather_reduce(ctx, inputs, output):
+    source, csr, rows, reduce, transpose = inputs
+    ctx.rows, ctx.reduce, ctx.transpose, ctx.source_rows = rows, reduce, transpose, source.shape[0]
+    ctx.save_for_backward(csr)
+
+
+def _gather_reduce_backward(ctx, grad_out: Tensor):
+    (csr,) = ctx.saved_tensors
+    if ctx.reduce == "mean":
+        a, b = (ctx.source_rows, ctx.rows) if ctx.transpose else (ctx.rows, ctx.source_rows)
+        offsets, _ = unpack_csr(csr, a, b, transpose=ctx.transpose)
+        grad_out = grad_out / _counts(offsets, grad_out.dtype).reshape((-1,) + (1,) * (grad_out.dim() - 1))
+    return gather_reduce(grad_out, csr, ctx.source_rows, "sum", not ctx.transpose), None, None, None, None
+
+
+gather_reduce.register_autograd(_gather_reduce_backward, setup_context=_setup_gather_reduce)
+
+
+def _gather_rows_dims(source: Tensor, csr: Tensor) -> tuple[int, int]:
+    # csr = [arange(rows + 1), index (rows), offsets_t (columns + 1), index_t (rows)]
+    rest = csr.shape[0] - source.shape[0] - 2
+    rows = rest // 3
+    if rest % 3 or rows < 0:
+        raise ValueError(f"gather_rows: packed CSR of length {csr.shape[0]} does not fit a source of "
+                         f"{source.shape[0]} rows")
+    return rows, source.shape[0]
+
+
+@torch.library.custom_op("dynamo_relational::gather_rows", mutates_args=())
+def gather_rows(source: Tensor, csr: Tensor) -> Tensor:
+    if source.dim() == 0:
+        raise ValueError("gather_rows: source must have rows, got a 0-d tensor")
+    _, index = unpack_csr(csr, *_gather_rows_dims(source, csr))
+    return source.index_select(0, index)
+
+
+@gather_rows.register_fake
+def _(source, csr):
+    rows, _ = _gather_rows_dims(source, csr)
+    return source.new_empty((rows, *source.shape[1:]))
+
+
+def _setup_gather_rows(ctx, inputs, output):
+    source, csr = inputs
+    ctx.source_rows = source.shape[0]
+    ctx.save_for_backward(csr)
+
+
+def _gather_rows_backward(ctx, grad_out: Tensor):
+    (csr,) = ctx.saved_tensors
+    return gather_reduce(grad_out, csr, ctx.source_rows, "sum", True), None
+
+
+gather_rows.register_autograd(_gather_rows_backward, setup_context=_setup_gather_rows)
+
+
+def unit_offsets(rows: int, device=None) -> Tensor:
+    """CSR offsets of ``rows`` segments of one entry each (a plain gather)."""
+    return torch.arange(rows + 1, device=device)

@@ -1,0 +1,121 @@
+"""Propagation-postponed reorganization: apply row-wise ops before the gather.
+
+Rewrites ``f(gather(X, I))`` into ``gather(f(X), I)`` for a row-wise ``f``:
+
+* ``F.linear(x, W, b)`` and ``x @ W`` with a shared 2-D weight (one ``mm``);
+* unary elementwise ops (``relu``, ``sigmoid``, ``tanh``, ...) whose other
+  arguments are constants.
+
+Legal because a row-wise op computes row ``i`` of its output from row ``i`` of
+its input alone, so computing it on all rows of ``X`` and then reading rows
+``I`` gives the same rows. Pays when ``X`` has no more rows than ``I``
+(messages per edge become values per node: |V| rows instead of |E|), or when
+every user of ``f`` is itself a gather, so that ``compose_gathers`` folds the
+moved gather into them and one gather disappears (allowed while ``X`` has at
+most ``MAX_GROWTH`` times the rows of ``I``; also through a ``cat`` that only
+gathers read). The moved gather keeps its kind
+(and so its deterministic backward).
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops.elementwise import _UNARY
+
+from .context import PassContext
+from .gather_nodes import as_gather, is_cat0, rows, set_source
+
+MAX_GROWTH = 2
+_LINEAR = {F.linear}
+_MATMUL = {torch.matmul, operator.matmul, torch.mm}
+_UNARY_OPS = set(_UNARY) - {torch.clamp, torch.clip}  # clamp's bounds may be tensors
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    moved = 0
+    changed = True
+    while changed:
+        changed = False
+        for node in list(gm.graph.nodes):
+            gather = as_gather(gm, node)
+            if gather is None or gather.reduces or rows(gather.base) is None:
+                continue
+            for user in list(node.users):
+                if _row_wise_in(user, node) and _pays(gm, gather, user):
+                    _move_below(gm, gather, user)
+                    moved += 1
+                    changed = True
+    ctx.stats["gathers_postponed"] = moved
+    return gm
+
+
+def _result_row(user: fx.Node, operand: fx.Node) -> TensorInfo:
+    """Shape of one row of ``user``'s result (dtype and device follow the operand)."""
+    x = tensor_info(operand)
+    if user.target in _LINEAR:
+        shape = (tensor_info(user.args[1] if len(user.args) > 1 else user.kwargs["weight"]).shape[0],)
+    elif user.target in _MATMUL:
+        shape = (tensor_info(user.args[1]).shape[1],)
+    else:
+        shape = x.shape[1:]
+    return TensorInfo(shape, x.dtype, x.device)
+
+
+def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
+    """``user`` computes each row from the same row of ``operand`` (its only row-carrying input)."""
+    if user.op != "call_function" or not user.args or user.args[0] is not operand:
+        return False
+    rest = list(user.args[1:]) + list(user.kwargs.values())
+    if operand in rest:
+        return False
+    info = rows(operand)
+    if user.target in _LINEAR or user.target in _MATMUL:
+        weight = user.args[1] if len(user.args) > 1 else user.kwargs.get("weight")
+        w, x = tensor_info(weight), tensor_info(operand)
+        bias = user.args[2] if len(user.args) > 2 else user.kwargs.get("bias")
+        return (info is not None and w is not None and w.rank == 2 and x is not None and x.rank == 2
+                and (bias is None or (tensor_info(bias) is not None and tensor_info(bias).rank == 1)))
+    try:
+        unary = user.target in _UNARY_OPS
+    except TypeError:
+        return False
+    return unary and not any(isinstance(a, fx.Node) for a in rest)
+
+
+def _pays(gm: fx.GraphModule, gather, user: fx.Node) -> bool:
+    source_rows, gathered_rows = rows(gather.base), gather.index.shape[0]
+    if source_rows <= gathered_rows:
+        return True
+    return _only_gathered(gm, user) and source_rows <= MAX_GROWTH * gathered_rows
+
+
+def _only_gathered(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Every use of ``node`` is as the base of a gather, directly or as a block of a cat that only gathers read."""
+    def read_by_gathers(n):
+        return bool(n.users) and all(as_gather(gm, u) is not None and u.args[0] is n for u in n.users)
+
+    return bool(node.users) and all(
+        (as_gather(gm, u) is not None and u.args[0] is node) or (is_cat0(u) and read_by_gathers(u))
+        for u in node.users)
+
+
+def _move_below(gm: fx.GraphModule, gather, user: fx.Node) -> None:
+    graph = gm.graph
+    with graph.inserting_before(user):
+        early = graph.create_node("call_function", user.target, (gather.base, *user.args[1:]), dict(user.kwargs))
+        late = graph.node_copy(gather.node, lambda n: n)
+    row = _result_row(user, gather.base)
+    early.meta["rel_info"] = TensorInfo((rows(gather.base), *row.shape), row.dtype, row.device)
+    late.meta = dict(user.meta)
+    late.meta["rel_info"] = TensorInfo((gather.index.shape[0], *row.shape), row.dtype, row.device)
+    moved = type(gather)(late, late.args[0], gather.index)
+    set_source(gm, moved, early, gather.index)
+    user.replace_all_uses_with(late)
+    graph.erase_node(user)
+    if not gather.node.users:
+        graph.erase_node(gather.node)
