@@ -12,8 +12,10 @@ ungrouped graph is never re-traced with make_fx.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -21,7 +23,7 @@ import torch
 import torch.fx as fx
 
 from .options import Options
-from .report import GraphReport
+from .report import GraphReport, Report
 
 log = logging.getLogger("dynamo_relational")
 
@@ -35,32 +37,70 @@ class CompiledGraph:
 
 def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False) -> tuple[fx.GraphModule, GraphReport]:
     """Run the grouping pipeline on a Dynamo graph; returns the grouped graph and its report."""
-    from dynamo_relational.passes import PIPELINE, PassContext
+    from dynamo_relational.passes import OPTIONAL_PASSES, PIPELINE, PassContext
 
-    ctx = PassContext(options, detailed=detailed)
+    ctx = PassContext(options, detailed=detailed or options.dump_dir is not None)
+    dump = GraphDump(options.dump_dir) if options.dump_dir is not None else None
     nodes_before = len(gm.graph.nodes)
-    before_code = gm.print_readable(print_output=False) if detailed else ""
+    before_code = gm.print_readable(print_output=False) if ctx.detailed else ""
+    if dump:
+        dump.write("input", before_code)
     if not options.grouping:
         return gm, GraphReport.from_context(ctx, nodes_before, nodes_before, before_code, before_code)
-    try:
-        for name, run_pass in PIPELINE:
-            if name in options.disable:
-                continue
+    for name, run_pass in PIPELINE:
+        if name in options.disable:
+            continue
+        # Optimizer passes rewrite in place: keep the graph they start from, to fall back to.
+        backup = _copy(gm) if name in OPTIONAL_PASSES else None
+        try:
             with ctx.timed(name):
                 gm = run_pass(gm, ctx)
-            ctx.node_counts[name] = len(gm.graph.nodes)
-    except Exception:
-        if options.strict:
-            raise
-        log.warning("relational: grouping failed; compiling the graph ungrouped (correct, but slower). "
-                    "Set options={'strict': True} to raise instead.", exc_info=True)
-        ctx.stats["error"] = "grouping failed; graph compiled ungrouped"
-    after_code = gm.print_readable(print_output=False) if detailed else ""
+        except Exception:
+            if options.strict:
+                raise
+            if backup is None:
+                log.warning("relational: pass %s failed; compiling the graph ungrouped (correct, but slower). "
+                            "Set options={'strict': True} to raise instead.", name, exc_info=True)
+                ctx.stats["error"] = f"pass {name} failed; graph compiled ungrouped"
+                break
+            log.warning("relational: optimizer pass %s failed and was skipped (the result is unchanged); "
+                        "set options={'strict': True} to raise instead.", name, exc_info=True)
+            ctx.stats.setdefault("skipped_passes", []).append(name)
+            gm = backup
+        ctx.node_counts[name] = len(gm.graph.nodes)
+        if dump:
+            dump.write(name, gm.print_readable(print_output=False))
+    after_code = gm.print_readable(print_output=False) if ctx.detailed else ""
     report = GraphReport.from_context(ctx, nodes_before, len(gm.graph.nodes), before_code, after_code)
+    report.graph_module = gm if ctx.detailed else None
+    if dump:
+        dump.write("summary", str(Report([report])), suffix=".txt")
     if ctx.ungrouped and log.isEnabledFor(logging.INFO):
         for reason, count in ctx.ungrouped.most_common():
             log.info("relational: %d node(s) left ungrouped: %s", count, reason)
     return gm, report
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm``'s graph over the same parameters and buffers (they are shared, not cloned)."""
+    return fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=gm.__class__.__name__)  # nodes, not tensors
+
+
+class GraphDump:
+    """``options={"dump_dir": ...}``: the graph after every pass as readable code, then a summary."""
+    _graphs = 0
+
+    def __init__(self, directory: str):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        GraphDump._graphs += 1
+        self.prefix = f"graph{GraphDump._graphs:03d}"
+        self.step = 0
+
+    def write(self, name: str, text: str, suffix: str = ".py") -> None:
+        path = self.directory / f"{self.prefix}_{self.step:02d}_{name}{suffix}"
+        path.write_text(text)
+        self.step += 1
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass, fields
 from typing import Any, Literal, Mapping
 
@@ -48,6 +49,10 @@ class Options:
     #: (gathers of gathers read the original rows), ``"simplify_gathers"`` (range
     #: gathers become slices).
     disable: tuple[str, ...] = ()
+    #: A directory to write the graph into after every pass, as readable code
+    #: (``graph001_00_input.py``, ``graph001_01_inplace.py``, ...), plus the
+    #: report as ``..._summary.txt``. For debugging; slow on large graphs.
+    dump_dir: str | None = None
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | "Options" | None) -> "Options":
@@ -88,6 +93,8 @@ class Options:
 
         if isinstance(self.disable, str) or not all(isinstance(p, str) for p in self.disable):
             raise OptionsError(f"option 'disable' must be a tuple of pass names, got {self.disable!r}")
+        if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
+            raise OptionsError(f"option 'dump_dir' must be a directory path, got {self.dump_dir!r}")
         unknown = sorted(set(self.disable) - set(OPTIONAL_PASSES))
         if unknown:
             raise OptionsError(f"option 'disable' names unknown pass(es) {unknown}; "

@@ -20,10 +20,15 @@ class GraphReport:
     timings: dict[str, float]
     node_counts: dict[str, int]
     ungrouped: Counter
-    group_sizes: list[tuple[str, int]] = field(default_factory=list)
+    #: (family, size, signature) of every group vectorized from more than one node
+    group_sizes: list[tuple[str, int, str]] = field(default_factory=list)
+    #: reason -> names of the nodes left ungrouped for it
+    ungrouped_nodes: dict[str, list[str]] = field(default_factory=dict)
     before: str = ""
     after: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
+    #: the grouped graph module (for drawing); set by the backend
+    graph_module: Any = None
 
     @classmethod
     def from_context(cls, ctx, nodes_before: int, nodes_after: int, before: str, after: str) -> "GraphReport":
@@ -33,7 +38,8 @@ class GraphReport:
             groups=stats.get("groups", nodes_before), vectorized_groups=stats.get("vectorized_groups", 0),
             lower_bound=stats.get("lower_bound"), schedule=stats.get("schedule", "none"),
             timings=dict(ctx.timings), node_counts=dict(ctx.node_counts), ungrouped=Counter(ctx.ungrouped),
-            group_sizes=[(g.family, len(g.nodes)) for g in ctx.groups if g.ops and len(g.nodes) > 1],
+            group_sizes=[(g.family, len(g.nodes), g.signature) for g in ctx.groups if g.ops and len(g.nodes) > 1],
+            ungrouped_nodes={reason: list(names) for reason, names in ctx.ungrouped_nodes.items()},
             before=before, after=after, stats=stats)
 
 
@@ -78,6 +84,31 @@ class Report:
             total.update(g.ungrouped)
         return total
 
+    def groups_table(self) -> str:
+        """Every vectorized group: graph, family, size and signature, largest first."""
+        entries = sorted(((size, i, family, signature) for i, g in enumerate(self.graphs)
+                          for family, size, signature in g.group_sizes), reverse=True)
+        lines = [f"{'graph':>5}  {'family':<12} {'size':>7}  signature"]
+        lines += [f"{i:>5}  {family:<12} {size:>7}  {signature}" for size, i, family, signature in entries]
+        return "\n".join(lines)
+
+    def ungrouped_table(self) -> str:
+        """Every node left ungrouped, by reason."""
+        lines = []
+        for i, g in enumerate(self.graphs):
+            for reason, names in g.ungrouped_nodes.items():
+                lines.append(f"graph {i}: {reason}: {', '.join(names)}")
+        return "\n".join(lines)
+
+    def draw(self, path: str, graph: int = 0) -> None:
+        """Draw grouped graph ``graph`` with FxGraphDrawer (needs ``pydot`` and Graphviz's ``dot``)."""
+        from torch.fx.passes.graph_drawer import FxGraphDrawer
+
+        module = self.graphs[graph].graph_module
+        if module is None:
+            raise ValueError("this report keeps no graph module to draw")
+        FxGraphDrawer(module, "grouped").get_dot_graph().write(path, format=path.rsplit(".", 1)[-1])
+
     def print_before(self) -> None:
         for g in self.graphs:
             print(g.before)
@@ -89,15 +120,20 @@ class Report:
     def __str__(self) -> str:
         lb = self.lower_bound
         quality = f"{self.groups / lb:.2f}" if lb else "n/a"
+        counts: dict[str, int] = {}
+        for g in self.graphs:
+            for name, n in g.node_counts.items():
+                counts[name] = counts.get(name, 0) + n
         rows = [("graphs", len(self.graphs)), ("FX nodes before grouping", self.nodes_before),
                 ("FX nodes after grouping", self.nodes_after), ("groups", self.groups),
                 ("lower bound on groups", lb if lb is not None else "n/a"), ("groups / lower bound", quality),
                 ("compile time (first call) [s]", f"{self.compile_seconds:.2f}")]
         rows += [(f"  pass {name} [ms]", f"{seconds * 1e3:.1f}") for name, seconds in self.pass_timings.items()]
+        rows += [(f"  nodes after {name}", n) for name, n in counts.items()]
         for i, g in enumerate(self.graphs):
             rows.append((f"graph {i}: schedule", g.schedule))
             sizes = Counter()
-            for family, size in g.group_sizes:
+            for family, size, _ in g.group_sizes:
                 sizes[family] += size
             rows += [(f"graph {i}: {family} nodes grouped", n) for family, n in sizes.most_common()]
         rows += [(f"left ungrouped: {reason}", n) for reason, n in self.ungrouped.most_common(10)]

@@ -22,6 +22,8 @@ class PassContext:
     node_counts: dict[str, int] = field(default_factory=dict)
     #: why nodes were left ungrouped: reason -> number of nodes
     ungrouped: Counter = field(default_factory=Counter)
+    #: the same, with the nodes' names: reason -> [node name, ...]
+    ungrouped_nodes: dict[str, list[str]] = field(default_factory=dict)
     #: in-place ops left in the graph (name, target); grouping is skipped when any remain
     mutations: list[str] = field(default_factory=list)
     #: schedule chosen by the grouping pass (list of groups)
@@ -30,6 +32,7 @@ class PassContext:
 
     def leave_ungrouped(self, node, reason: str) -> None:
         self.ungrouped[reason] += 1
+        self.ungrouped_nodes.setdefault(reason, []).append(node.name)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("left ungrouped: %s (%s): %s", node.name, node.target, reason)
 

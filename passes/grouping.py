@@ -37,6 +37,15 @@ class Group:
     def family(self) -> str:
         return self.ops[0].family.name if self.ops else "alone"
 
+    @property
+    def signature(self) -> str:
+        """What the members share, readably: target, output shape and dtype."""
+        if not self.ops:
+            return "alone"
+        op = self.ops[0]
+        target = op.node.target if isinstance(op.node.target, str) else getattr(op.node.target, "__name__", "?")
+        return f"{target} -> {list(op.info.shape)} {str(op.info.dtype).replace('torch.', '')}"
+
 
 def code_site(node: fx.Node) -> str:
     """The innermost user source line that produced ``node`` (``file:line``)."""
