@@ -18,13 +18,21 @@ def median_ms(fn, repeats: int = 10, warmup: int = 2) -> float:
     return statistics.median(times) * 1e3
 
 
-def compare(model: torch.nn.Module, *inputs, repeats: int = 10, options: dict | None = None) -> dict:
-    """Compile ``model`` with backend="relational", check it against eager and time both."""
+def compare(model: torch.nn.Module, *inputs, repeats: int = 10, options: dict | None = None,
+            fast: bool = False) -> dict:
+    """Compile ``model`` with backend="relational" (or, with ``fast``, ``dynamo_relational.compile``),
+    check it against eager and time both."""
     import dynamo_relational
 
     with torch.no_grad():
-        report = dynamo_relational.explain(model, *inputs, **(options or {}))
-        compiled = report.compiled
+        if fast:
+            start = time.perf_counter()
+            compiled = dynamo_relational.compile(model, inputs, **(options or {}))
+            report = compiled.report
+            report.compile_seconds = time.perf_counter() - start
+        else:
+            report = dynamo_relational.explain(model, *inputs, **(options or {}))
+            compiled = report.compiled
         out = compiled(*inputs)
         expected = model(*inputs)
         eager_ms = median_ms(lambda: model(*inputs), repeats)
@@ -44,13 +52,14 @@ def print_result(name: str, r: dict) -> None:
           f"first compile {r['compile_s']:.1f} s")
 
 
-def run_graph_example(title: str, build, name: str = "mutagenesis", graphs: int | None = None) -> dict:
+def run_graph_example(title: str, build, name: str = "mutagenesis", graphs: int | None = None,
+                      fast: bool = False) -> dict:
     """Build ``build(batch)`` on a batch shaped like data set ``name``, compare and print."""
     from examples.data import graph_batch
 
     torch.manual_seed(0)
     batch = graph_batch(name, graphs)
-    result = compare(build(batch), batch.x)
+    result = compare(build(batch), batch.x, fast=fast)
     print_result(f"{title} on {name} ({batch.num_graphs} graphs, {batch.num_nodes} nodes, "
                  f"{len(batch.edges)} edges)", result)
     return result

@@ -34,8 +34,8 @@ class ScalarGCN(nn.Module):
         return torch.stack(out).squeeze(-1)
 
 
-def main(name: str = "mutagenesis", graphs: int | None = None) -> dict:
-    return run_graph_example("scalar GCN", lambda b: ScalarGCN(b, b.x.shape[1]), name, graphs)
+def main(name: str = "mutagenesis", graphs: int | None = None, fast: bool = False) -> dict:
+    return run_graph_example("scalar GCN", lambda b: ScalarGCN(b, b.x.shape[1]), name, graphs, fast)
 
 
 if __name__ == "__main__":

@@ -43,13 +43,16 @@ GATHER_REDUCTIONS = ("sum", "mean")
 
 def pack_csr(offsets: Tensor, index: Tensor, columns: int) -> Tensor:
     """One buffer holding ``A`` (``offsets``, ``index``) and ``A^T`` for a source of ``columns`` rows."""
+    offsets, index = offsets.long(), index.long()
     rows = offsets.shape[0] - 1
     row_of = torch.repeat_interleave(torch.arange(rows, device=offsets.device), offsets[1:] - offsets[:-1],
                                      output_size=index.shape[0])
     order = torch.argsort(index * max(rows, 1) + row_of, stable=True)
     offsets_t = torch.zeros(columns + 1, dtype=torch.long, device=offsets.device)
     torch.cumsum(torch.bincount(index, minlength=columns), 0, out=offsets_t[1:])
-    return torch.cat([offsets, index, offsets_t, row_of[order]])
+    packed = torch.cat([offsets, index, offsets_t, row_of[order]])
+    # MKL's sparse product takes 32-bit indices; storing them so saves a conversion per call.
+    return packed.to(torch.int32) if packed.numel() == 0 or int(packed.max()) < 2 ** 31 - 1 else packed
 
 
 def unpack_csr(csr: Tensor, rows: int, columns: int, transpose: bool = False) -> tuple[Tensor, Tensor]:
@@ -70,8 +73,8 @@ def _check(source: Tensor, csr: Tensor, reduce: str) -> None:
     if source.dim() == 0 or not source.dtype.is_floating_point:
         raise ValueError(f"gather_reduce: source must be a floating tensor with rows, got "
                          f"{source.dtype} of shape {tuple(source.shape)}")
-    if csr.dim() != 1 or csr.dtype != torch.long:
-        raise ValueError(f"gather_reduce: csr must be a 1-D int64 tensor, got {csr.dtype} {tuple(csr.shape)}")
+    if csr.dim() != 1 or csr.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"gather_reduce: csr must be a 1-D int32/int64 tensor, got {csr.dtype} {tuple(csr.shape)}")
 
 
 def _dims(source: Tensor, rows: int, transpose: bool) -> tuple[int, int]:
@@ -83,23 +86,57 @@ def _counts(offsets: Tensor, dtype: torch.dtype) -> Tensor:
     return (offsets[1:] - offsets[:-1]).clamp(min=1).to(dtype)
 
 
-@torch.library.custom_op("dynamo_relational::gather_reduce", mutates_args=())
-def gather_reduce(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
+# Defined through torch.library.Library rather than @custom_op: the op is called once per group
+# on every step, and the kernel registered directly is dispatched with less Python around it.
+_lib = torch.library.Library("dynamo_relational", "FRAGMENT")
+_lib.define("gather_reduce(Tensor source, Tensor csr, SymInt rows, str reduce, bool transpose=False) -> Tensor")
+_lib.define("gather_rows(Tensor source, Tensor csr) -> Tensor")
+
+
+def _gather_reduce(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
     _check(source, csr, reduce)
-    offsets, index = unpack_csr(csr, *_dims(source, rows, transpose), transpose=transpose)
-    flat = source.reshape(source.shape[0], -1)
-    if index.shape[0] == 0 or flat.shape[1] == 0:
+    matrix, scale = _matrix(csr, rows, source.shape[0], transpose, reduce, source.dtype, source.device)
+    flat = source if source.dim() == 2 else source.reshape(source.shape[0], -1)
+    if matrix is None or flat.shape[1] == 0:
         out = flat.new_zeros((rows, flat.shape[1]))
     else:
-        ones = torch.ones(index.shape[0], dtype=source.dtype, device=source.device)
-        matrix = torch.sparse_csr_tensor(offsets, index, ones, (rows, source.shape[0]), check_invariants=False)
         out = torch.sparse.mm(matrix, flat.contiguous())
-    if reduce == "mean":
-        out = out / _counts(offsets, out.dtype).unsqueeze(1)
-    return out.reshape((rows, *source.shape[1:]))
+    if scale is not None:
+        out = out / scale
+    return out if source.dim() == 2 else out.reshape((rows, *source.shape[1:]))
 
 
-@gather_reduce.register_fake
+_MATRICES: dict = {}
+
+
+def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, device):
+    """The sparse matrix (None if empty) and, for ``mean``, the ``[rows, 1]`` segment sizes.
+
+    Cached per packed buffer: the graph passes the same constant on every
+    call, and building the sparse tensor costs as much as a small product.
+    The entry holds views of ``csr``, so its address cannot be reused while cached.
+    """
+    key = (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, device)
+    cached = _MATRICES.get(key)
+    if cached is None or cached[0] is not csr:
+        a, b = (columns, rows) if transpose else (rows, columns)
+        offsets, index = unpack_csr(csr, a, b, transpose=transpose)
+        matrix = None
+        if index.shape[0]:
+            ones = torch.ones(index.shape[0], dtype=dtype, device=device)
+            matrix = torch.sparse_csr_tensor(offsets, index, ones, (rows, columns), check_invariants=False)
+        scale = _counts(offsets, dtype).unsqueeze(1) if reduce == "mean" else None
+        if len(_MATRICES) > 256:
+            _MATRICES.clear()
+        cached = _MATRICES[key] = (csr, matrix, scale)
+    return cached[1], cached[2]
+
+
+_lib.impl("gather_reduce", _gather_reduce, "CompositeExplicitAutograd")
+gather_reduce = torch.ops.dynamo_relational.gather_reduce.default
+
+
+@torch.library.register_fake("dynamo_relational::gather_reduce")
 def _(source, csr, rows, reduce, transpose=False):
     _check(source, csr, reduce)
     return source.new_empty((rows, *source.shape[1:]))
@@ -120,7 +157,8 @@ def _gather_reduce_backward(ctx, grad_out: Tensor):
     return gather_reduce(grad_out, csr, ctx.source_rows, "sum", not ctx.transpose), None, None, None, None
 
 
-gather_reduce.register_autograd(_gather_reduce_backward, setup_context=_setup_gather_reduce)
+torch.library.register_autograd("dynamo_relational::gather_reduce", _gather_reduce_backward,
+                               setup_context=_setup_gather_reduce)
 
 
 def _gather_rows_dims(source: Tensor, csr: Tensor) -> tuple[int, int]:
@@ -133,15 +171,18 @@ def _gather_rows_dims(source: Tensor, csr: Tensor) -> tuple[int, int]:
     return rows, source.shape[0]
 
 
-@torch.library.custom_op("dynamo_relational::gather_rows", mutates_args=())
-def gather_rows(source: Tensor, csr: Tensor) -> Tensor:
+def _gather_rows(source: Tensor, csr: Tensor) -> Tensor:
     if source.dim() == 0:
         raise ValueError("gather_rows: source must have rows, got a 0-d tensor")
     _, index = unpack_csr(csr, *_gather_rows_dims(source, csr))
     return source.index_select(0, index)
 
 
-@gather_rows.register_fake
+_lib.impl("gather_rows", _gather_rows, "CompositeExplicitAutograd")
+gather_rows = torch.ops.dynamo_relational.gather_rows.default
+
+
+@torch.library.register_fake("dynamo_relational::gather_rows")
 def _(source, csr):
     rows, _ = _gather_rows_dims(source, csr)
     return source.new_empty((rows, *source.shape[1:]))
@@ -158,7 +199,8 @@ def _gather_rows_backward(ctx, grad_out: Tensor):
     return gather_reduce(grad_out, csr, ctx.source_rows, "sum", True), None
 
 
-gather_rows.register_autograd(_gather_rows_backward, setup_context=_setup_gather_rows)
+torch.library.register_autograd("dynamo_relational::gather_rows", _gather_rows_backward,
+                               setup_context=_setup_gather_rows)
 
 
 def unit_offsets(rows: int, device=None) -> Tensor:

@@ -54,5 +54,5 @@ def _arithmetic_run(index: torch.Tensor) -> tuple[int, int, int] | None:
     step = int(index[1] - index[0]) if count > 1 else 1
     if step < 1:
         return None
-    expected = torch.arange(start, start + step * count, step, device=index.device)
+    expected = torch.arange(start, start + step * count, step, device=index.device, dtype=index.dtype)
     return (start, step, count) if torch.equal(index, expected) else None

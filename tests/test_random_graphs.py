@@ -2,6 +2,7 @@
 compile to the same outputs and gradients as eager."""
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -51,11 +52,26 @@ step = st.tuples(st.sampled_from(VECTOR_OPS), st.lists(st.integers(0, 1000), min
                  st.sampled_from([0.5, -1.0, 2.0, 0.25]))
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-@given(program=st.lists(step, min_size=1, max_size=25), rows=st.integers(2, 6), width=st.integers(1, 4),
-       double=st.booleans(), seed=st.integers(0, 2 ** 16))
-def test_random_scalar_dag_matches_eager(program, rows, width, double, seed):
+dags = dict(program=st.lists(step, min_size=1, max_size=25), rows=st.integers(2, 6), width=st.integers(1, 4),
+            double=st.booleans(), seed=st.integers(0, 2 ** 16))
+
+
+def _check(program, rows, width, double, seed):
     torch.manual_seed(seed)
     dtype = torch.float64 if double else torch.float32
     model = RandomScalarNet(program, rows, width, dtype)
     assert_compiled_matches_eager(model, torch.randn(rows, width, dtype=dtype), inductor=False)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(**dags)
+def test_random_scalar_dag_matches_eager(program, rows, width, double, seed):
+    _check(program, rows, width, double, seed)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(**dags)
+def test_thousand_random_scalar_dags_match_eager(program, rows, width, double, seed):
+    """The fuzz run: ``./test.sh -m fuzz`` (about an hour on 2 cores)."""
+    _check(program, rows, width, double, seed)

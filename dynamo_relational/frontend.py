@@ -1,0 +1,626 @@
+"""The fast front-end: ``dynamo_relational.compile(model, example_inputs, **options)``.
+
+TorchDynamo costs about 1.2 ms per FX node, minutes for a scalar-granular
+model of tens of thousands of neurons. This front-end traces the model with
+a ``torch.fx`` tracer instead (about 80 us of CPU per node), runs the same
+grouping passes and the same Inductor handoff as ``backend="relational"``
+(:func:`dynamo_relational.backend.group_graph`) and returns a module that is
+called like the model, for inference and for training (gradients reach the
+model's own parameters).
+
+Contract (what makes the fast trace exact):
+
+* **Structure comes from Python data.** Loops, lists and ``if`` statements
+  over Python values (neighbour lists, rules, trees) run once, at compile
+  time; their result is frozen into the graph. Changing that data later does
+  not change the compiled graph: compile again.
+* **No data-dependent control flow on tensor values.** ``bool(t)``,
+  ``if x[v] > 0``, ``int(t)``, ``t.item()``, ``t.tolist()`` and ops whose
+  output shape depends on values (``nonzero``, boolean masks, ``unique``)
+  raise :class:`FrontendError` naming the source line. Use ``torch.where``
+  and friends, or ``torch.compile(model, backend="relational")``.
+* **Static shapes.** ``x.shape``, ``x.dim()``, ``len(x)``, ``x.dtype`` and
+  ``x.device`` are the example inputs' values; the compiled module accepts
+  only inputs of the example inputs' shapes, dtypes and devices.
+
+How shapes are known during tracing: every node's value is computed as the
+node is recorded, by running its op eagerly (under ``no_grad``) on the values
+of its arguments, starting from copies of the example inputs, parameters and
+buffers. For these tiny per-neuron ops that costs a few microseconds, far
+less than meta tensors (300-500 us per op: their shape functions are Python
+references) or fake tensors (about 300 us). The values never reach Python
+control flow (see the contract); they give each node its
+``meta["example_value"]``, which the passes read, and are dropped once the
+graph is grouped. The innermost user frame of each node is recorded as
+``meta["stack_trace"]`` in Dynamo's format (the grouping's code-site hint).
+
+Modules are traced through, not kept as leaves, so ``nn.Linear`` appears as
+``F.linear`` and activations as ``torch.relu`` etc., which the grouping
+catalog understands. Module hooks run as in eager.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import inspect
+import linecache
+import logging
+import operator
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .backend import group_graph
+from .errors import RelationalError
+from .options import Options
+from .report import GraphReport, Report
+
+log = logging.getLogger("dynamo_relational")
+
+__all__ = ["compile", "RelationalModule", "FrontendError"]
+
+
+class FrontendError(RelationalError):
+    """The fast front-end cannot trace or run a model; the message names the source line or argument."""
+
+
+# --------------------------------------------------------------------------- user source lines
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+#: frames of the tracing machinery itself, never shown as user code
+_INTERNAL = (os.path.join(_TORCH_DIR, "fx") + os.sep, os.path.join(_TORCH_DIR, "overrides.py"),
+             os.path.join(_TORCH_DIR, "nn", "modules", "module.py"), os.path.abspath(__file__))
+
+
+_internal_code: dict[Any, bool] = {}
+
+
+def _is_internal(code) -> bool:
+    internal = _internal_code.get(code)
+    if internal is None:
+        internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL)
+    return internal
+
+
+def _frames(stop) -> list[tuple[Any, int]]:
+    """(code, line) of the user frames between the tracer's ``trace`` call and here, innermost first."""
+    out = []
+    frame = sys._getframe(1)
+    while frame is not None and frame is not stop:
+        if not _is_internal(frame.f_code):
+            out.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+    return out
+
+
+def _innermost_frame(stop) -> tuple[Any, int] | None:
+    frame = sys._getframe(1)
+    while frame is not None and frame is not stop:
+        if not _is_internal(frame.f_code):
+            return frame.f_code, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _format_frame(code, line: int) -> str:
+    text = linecache.getline(code.co_filename, line).strip()
+    return f'  File "{code.co_filename}", line {line}, in {code.co_name}\n    {text}\n'
+
+
+def _user_line(frames) -> str:
+    """``file:line: code`` of the innermost frame outside torch (the user's line)."""
+    user = [f for f in frames if not f[0].co_filename.startswith(_TORCH_DIR)] or list(frames)
+    if not user:
+        return "<unknown source line>"
+    code, line = user[0]
+    return f"{code.co_filename}:{line} in {code.co_name}: {linecache.getline(code.co_filename, line).strip()}"
+
+
+# --------------------------------------------------------------------------- data dependence
+
+_DATA_DEPENDENT = torch.Tag.data_dependent_output
+_DYNAMIC_SHAPE = torch.Tag.dynamic_output_shape
+
+
+def _static_despite_tag(func, args, kwargs) -> bool:
+    """Ops tagged dynamic_output_shape whose output shape is static for these arguments."""
+    if func is torch.ops.aten.index.Tensor:   # integer (not boolean) index tensors
+        return all(i is None or i.dtype not in (torch.bool, torch.uint8) for i in args[1])
+    if func is torch.ops.aten.repeat_interleave.Tensor:
+        return kwargs.get("output_size") is not None
+    if func is torch.ops.aten.one_hot.default:
+        return (args[1] if len(args) > 1 else kwargs.get("num_classes", -1)) >= 0
+    return False
+
+
+#: call_function / call_method targets whose output shape never depends on tensor values (the
+#: hot per-neuron ops); every other op runs under :class:`_RejectDataDependentOps`
+_SHAPE_STATIC = frozenset([
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.matmul, operator.pow,
+    torch.add, torch.sub, torch.mul, torch.div, torch.matmul, torch.mm, torch.mv, torch.dot, torch.nn.functional.linear,
+    torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.log, torch.stack, torch.cat, torch.sum, torch.mean,
+    torch.squeeze, torch.unsqueeze, torch.reshape, torch.flatten, torch.nn.functional.relu, torch.nn.functional.sigmoid,
+    torch.nn.functional.tanh,
+    "add", "sub", "mul", "div", "matmul", "relu", "sigmoid", "tanh", "exp", "log", "sum", "mean", "squeeze",
+    "unsqueeze", "view", "reshape", "flatten", "t", "transpose",
+])
+
+
+def _needs_check(node: fx.Node) -> bool:
+    """Whether computing ``node`` may run an op with a value-dependent output (shape)."""
+    if node.target is operator.getitem:   # only tensor indices (boolean masks) can be
+        return any(isinstance(a, fx.Node) for a in pytree.tree_leaves(node.args[1:]))
+    try:
+        return node.target not in _SHAPE_STATIC
+    except TypeError:   # unhashable target
+        return True
+
+
+class _DataDependentOp(Exception):
+    pass
+
+
+class _RejectDataDependentOps(TorchDispatchMode):
+    """Raises on ATen ops whose output, or output shape, depends on tensor values."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tags = func.tags
+        if _DATA_DEPENDENT in tags or (_DYNAMIC_SHAPE in tags and not _static_despite_tag(func, args, kwargs)):
+            raise _DataDependentOp(str(func))
+        return func(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- tracing
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause Python's cyclic garbage collector: tracing and grouping allocate many small objects
+    per node, and the collections they trigger cost 25-30% of their time on large graphs."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_STATIC_ATTRIBUTES = ("shape", "dtype", "device", "ndim", "layout", "is_cuda", "is_cpu", "is_sparse",
+                      "is_quantized", "is_meta", "is_mkldnn", "is_nested")
+_STATIC_METHODS = ("size", "dim", "ndimension", "numel", "nelement", "element_size", "stride",
+                   "is_floating_point", "is_complex", "is_signed", "is_contiguous", "get_device")
+_VALUE_METHODS = ("item", "tolist", "numpy", "__array__", "data_ptr")
+_IN_PLACE_OPERATORS = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
+                       "__itruediv__": operator.itruediv, "__ifloordiv__": operator.ifloordiv,
+                       "__imod__": operator.imod, "__ipow__": operator.ipow, "__imatmul__": operator.imatmul,
+                       "__iand__": operator.iand, "__ior__": operator.ior, "__ixor__": operator.ixor,
+                       "__ilshift__": operator.ilshift, "__irshift__": operator.irshift}
+_PLAIN_TYPES = frozenset([int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                          torch.memory_format])
+
+
+class _ValueProxy(fx.Proxy):
+    """A proxy whose node carries a concrete value: static metadata is answered, values are refused."""
+
+    @property
+    def value(self) -> Any:
+        return self.node.meta["example_value"]
+
+    @classmethod
+    def __torch_function__(cls, orig_method, types, args=None, kwargs=None):
+        # fx's version looks for the tracer with a pytree walk over all arguments; ours is
+        # the first proxy found (one level deep covers torch.stack([...]) and friends)
+        args, kwargs = args or (), kwargs or {}
+        tracer = next((a.tracer for a in _proxies(args, kwargs.values())), None)
+        if tracer is None or isinstance(orig_method, (torch._C.ScriptMethod, torch._ops.HigherOrderOperator)):
+            return super().__torch_function__(orig_method, types, args, kwargs)
+        if torch.overrides.is_tensor_method_or_property(orig_method):
+            return tracer.create_proxy("call_method", orig_method.__name__, args, kwargs)
+        return tracer.create_proxy("call_function", orig_method, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _VALUE_METHODS:
+            raise self.tracer.data_dependence_error(f"`.{name}()` reads a tensor's values")
+        if name.startswith("__") or name in ("node", "tracer"):   # copy/pickle probing, half-built proxies
+            raise AttributeError(name)
+        if name in _STATIC_ATTRIBUTES or name in _STATIC_METHODS:
+            return getattr(self.value, name)
+        if callable(getattr(self.value, name)):
+            return fx.proxy.Attribute(self, name)          # a method: calling it records call_method
+        return self.tracer.create_proxy("call_function", getattr, (self, name), {})
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __iter__(self):
+        return iter([self[i] for i in range(len(self.value))])
+
+    def __setitem__(self, index, value) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, index, value), {})
+
+    def __bool__(self) -> bool:
+        raise self.tracer.data_dependence_error(f"`bool()` of traced value {self.node.name} (an `if`, "
+                                                "`while`, `and`/`or`/`not` or comparison chain on a tensor)")
+
+    def _to_python(self, kind: str):
+        raise self.tracer.data_dependence_error(f"`{kind}()` of traced value {self.node.name}")
+
+    __int__ = lambda self: self._to_python("int")            # noqa: E731
+    __float__ = lambda self: self._to_python("float")        # noqa: E731
+    __index__ = lambda self: self._to_python("index")        # noqa: E731  (range(t), list[t])
+    __complex__ = lambda self: self._to_python("complex")    # noqa: E731
+    __contains__ = lambda self, item: self._to_python("in")  # noqa: E731
+
+
+def _proxies(*groups):
+    for group in groups:
+        for a in group:
+            if isinstance(a, _ValueProxy):
+                yield a
+            elif type(a) in (list, tuple):
+                yield from (b for b in a if isinstance(b, _ValueProxy))
+
+
+def _in_place(target):
+    def method(self, other):
+        return self.tracer.create_proxy("call_function", target, (self, other), {})
+    return method
+
+
+for _name, _target in _IN_PLACE_OPERATORS.items():   # `acc += t` records operator.iadd, as Dynamo does
+    setattr(_ValueProxy, _name, _in_place(_target))
+
+
+class _Tracer(fx.Tracer):
+    """Traces through every module; each node's value is computed as it is recorded."""
+
+    def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str]):
+        super().__init__()
+        self.model = model
+        self.inputs = list(inputs)
+        self.input_names = list(input_names)
+        #: get_attr target -> tensor (parameters and buffers of the model, then constants)
+        self.attrs: dict[str, torch.Tensor] = {}
+        self._names: dict[int, str] = {}
+        for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+            self._names.setdefault(id(t), name)
+            self.attrs.setdefault(name, t)
+        self._attr_nodes: dict[str, fx.Node] = {}
+        self._attr_proxies: dict[str, fx.Proxy] = {}
+        self._stack_traces: dict[Any, str] = {}
+        self._target_names: dict[Any, str] = {}
+        self._check = _RejectDataDependentOps()
+        self._stop = None
+        self.value_seconds = 0.0
+
+    def trace(self, root, concrete_args=None) -> fx.Graph:
+        self._stop = sys._getframe()
+        try:
+            with _gc_paused():
+                return super().trace(root, concrete_args)
+        finally:
+            self._stop = None
+
+    # Inputs: one placeholder per example input; the model is called as in eager (defaults, hooks).
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        proxies = [self.create_proxy("placeholder", name, (), {}) for name in self.input_names]
+        return (lambda *args: self.model(*args)), proxies
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return False
+
+    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
+        return forward(*args, **kwargs)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return _ValueProxy(node, self)
+
+    # Parameters and buffers read as module attributes become (shared) get_attr nodes.
+    def getattr(self, attr: str, attr_val: Any, parameter_proxy_cache: dict) -> Any:
+        if not isinstance(attr_val, torch.Tensor):
+            return attr_val
+        name = self._attr_name(attr_val)
+        proxy = self._attr_proxies.get(name)
+        if proxy is None:
+            proxy = self._attr_proxies[name] = self.proxy(self.create_node("get_attr", name, (), {}))
+        return proxy
+
+    def create_arg(self, a: Any) -> Any:
+        kind = type(a)   # fast paths for the common argument types; fx's generic path is slow
+        if kind is _ValueProxy:
+            return a.node
+        if kind in _PLAIN_TYPES:
+            return a
+        if kind is list:
+            return [self.create_arg(x) for x in a]
+        if kind is tuple:
+            return tuple(self.create_arg(x) for x in a)
+        if kind is dict and all(type(k) is str for k in a):
+            return {k: self.create_arg(v) for k, v in a.items()}
+        if isinstance(a, torch.Tensor):   # a parameter, buffer or constant tensor
+            return self.create_node("get_attr", self._attr_name(a), (), {})
+        return super().create_arg(a)
+
+    def _attr_name(self, t: torch.Tensor) -> str:
+        name = self._names.get(id(t))
+        if name is None:   # a tensor made in forward or held by plain Python: a constant of the graph
+            name = f"_tensor_constant{len(self.attrs)}"
+            self._names[id(t)] = name
+            self.attrs[name] = t
+        return name
+
+    def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
+        if kind == "get_attr" and target in self._attr_nodes:
+            return self._attr_nodes[target]
+        if name is None and kind in ("call_function", "call_method"):
+            name = self._node_name(target)
+        # Arguments are set after creation: Graph.create_node scans them for SymInts with a pytree
+        # walk (~15% of tracing time), and a trace with static shapes has none.
+        node = super().create_node(kind, target, (), {}, name, type_expr)
+        if args or kwargs:
+            node.args, node.kwargs = args, kwargs
+        if kind == "get_attr":
+            self._attr_nodes[target] = node
+        if kind == "output":
+            return node
+        start = time.perf_counter()
+        node.meta["example_value"] = self._value(node)
+        self.value_seconds += time.perf_counter() - start
+        if kind in ("call_function", "call_method"):
+            node.meta["stack_trace"] = self._stack_trace()
+        return node
+
+    def _node_name(self, target) -> str:
+        """fx's name for nodes calling ``target`` (fx runs a regex per node; cached here)."""
+        try:
+            name = self._target_names.get(target)
+        except TypeError:   # unhashable target
+            return self.graph._target_to_str(target)
+        if name is None:
+            name = self._target_names[target] = self.graph._target_to_str(target)
+        return name
+
+    def _value(self, node: fx.Node) -> Any:
+        if node.op == "placeholder":
+            return self.inputs[self.input_names.index(node.target)].detach().clone()
+        if node.op == "get_attr":
+            return self.attrs[node.target].detach().clone()
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["example_value"])
+        grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)   # (the context manager costs more than the op)
+        try:
+            if node.op == "call_method":
+                fn, args = getattr(args[0], node.target), args[1:]
+            else:
+                fn = node.target
+            if not _needs_check(node):
+                return fn(*args, **kwargs)
+            with self._check:
+                return fn(*args, **kwargs)
+        except _DataDependentOp as e:
+            raise self.data_dependence_error(f"{e} has a value-dependent output or output shape") from None
+        except Exception as e:
+            raise FrontendError(f"{type(e).__name__} while tracing {_user_line(_frames(self._stop))}\n{e}") from e
+        finally:
+            torch._C._set_grad_enabled(grad)
+
+    def _stack_trace(self) -> str:
+        """The innermost user frame, in Dynamo's ``stack_trace`` format (what the code-site hint reads)."""
+        frame = _innermost_frame(self._stop)
+        text = self._stack_traces.get(frame)
+        if text is None:
+            text = self._stack_traces[frame] = _format_frame(*frame) if frame else ""
+        return text
+
+    def data_dependence_error(self, what: str) -> FrontendError:
+        frames = _frames(self._stop)
+        stack = "".join(_format_frame(*f) for f in reversed(frames))
+        return FrontendError(
+            f"data-dependent control flow at {_user_line(frames)}\n{what}.\n"
+            "dynamo_relational.compile traces the structure from Python data only: it cannot branch on, or "
+            "read, tensor values. Use tensor ops (torch.where, masks as multiplications), or "
+            "torch.compile(model, backend=\"relational\") which handles graph breaks.\n"
+            f"User stack (innermost last):\n{stack}")
+
+
+# --------------------------------------------------------------------------- the compiled module
+
+
+@dataclass(frozen=True)
+class _InputSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    def describe(self) -> str:
+        return f"shape {tuple(self.shape)}, {self.dtype}, on {self.device}"
+
+
+@dataclass
+class _Traced:
+    """One grouped graph (per train/eval state of the modules) and its compilations."""
+    graph: fx.GraphModule
+    report: GraphReport
+    out_spec: pytree.TreeSpec
+    #: output leaves that are not tensors (constants), by leaf position
+    constants: dict[int, Any]
+    #: compiled callables by autograd need: ("grad", requires_grad flags of the inputs) or "no_grad"
+    compiled: dict[Any, Callable] = field(default_factory=dict)
+
+
+class RelationalModule(nn.Module):
+    """The result of :func:`compile`: call it like the model.
+
+    ``model`` is the original module (its parameters are the ones trained),
+    ``report`` a :class:`~dynamo_relational.Report` of the compilation (nodes
+    before and after grouping, groups, timings; ``print(compiled.report)``),
+    ``graph`` the grouped FX graph.
+    """
+
+    def __init__(self, model: nn.Module, example_inputs: Sequence[torch.Tensor], options: Options,
+                 detailed: bool = False):
+        super().__init__()
+        self.model = model
+        self.options = options
+        self.detailed = detailed
+        self._specs = _input_specs(model, example_inputs)
+        self._example_inputs = [t.detach() for t in example_inputs]
+        self._traced: dict[tuple[bool, ...], _Traced] = {}
+        self._variant(list(example_inputs))   # trace, group and compile now
+
+    @property
+    def report(self) -> Report:
+        """What the compilation did; ``compile_seconds`` is the sum of its timings."""
+        traced = self._current()
+        return Report([traced.report], compile_seconds=sum(traced.report.timings.values()), compiled=self)
+
+    @property
+    def graph(self) -> fx.GraphModule:
+        """The grouped FX graph (``compiled.graph.print_readable()``)."""
+        return self._current().graph
+
+    def _current(self) -> _Traced:
+        """The graph of the modules' train/eval state; the latest one if that state was not run yet."""
+        return self._traced.get(self._mode()) or list(self._traced.values())[-1]
+
+    def forward(self, *args: torch.Tensor, **kwargs: Any) -> Any:
+        if kwargs:
+            names = ", ".join(s.name for s in self._specs)
+            raise FrontendError(f"compiled {type(self.model).__name__} takes its inputs positionally, as compiled: "
+                                f"({names}); got keywords {sorted(kwargs)}")
+        self._check_inputs(args)
+        traced, fn = self._variant(args)
+        flat = list(fn(*args))
+        for position, value in traced.constants.items():
+            flat.insert(position, value)
+        return pytree.tree_unflatten(flat, traced.out_spec)
+
+    def _mode(self) -> tuple[bool, ...]:
+        return tuple(m.training for m in self.model.modules())
+
+    def _check_inputs(self, args: Sequence[Any]) -> None:
+        if len(args) != len(self._specs):
+            raise FrontendError(f"compiled {type(self.model).__name__} takes {len(self._specs)} tensor input(s) "
+                                f"({', '.join(s.name for s in self._specs)}), got {len(args)}")
+        for spec, arg in zip(self._specs, args):
+            if not isinstance(arg, torch.Tensor):
+                raise FrontendError(f"argument {spec.name!r} must be a tensor ({spec.describe()}), "
+                                    f"got {type(arg).__name__}")
+            if arg.shape != spec.shape or arg.dtype != spec.dtype or arg.device != spec.device:
+                got = _InputSpec(spec.name, tuple(arg.shape), arg.dtype, arg.device)
+                raise FrontendError(
+                    f"argument {spec.name!r}: the graph was compiled for {spec.describe()}, got {got.describe()}. "
+                    "The compiled graph is specialized to the example inputs; compile again for other shapes.")
+
+    def _variant(self, args: Sequence[torch.Tensor]) -> tuple[_Traced, Callable]:
+        """The compiled graph for the modules' train/eval state and the autograd need of this call."""
+        mode = self._mode()
+        traced = self._traced.get(mode)
+        if traced is None:
+            if self._traced:
+                log.warning("relational: %s switched train/eval mode; tracing and compiling it again",
+                            type(self.model).__name__)
+            traced = self._traced[mode] = _trace_and_group(self.model, self._example_inputs,
+                                                           [s.name for s in self._specs], self.options, self.detailed)
+        if not self.options.inductor:
+            return traced, traced.graph
+        needs_grad = torch.is_grad_enabled() and (any(a.requires_grad for a in args) or any(
+            p.requires_grad for p in traced.graph.parameters()))
+        key = ("grad", tuple(a.requires_grad for a in args)) if needs_grad else "no_grad"
+        fn = traced.compiled.get(key)
+        if fn is None and key == "no_grad" and traced.compiled:
+            fn = next(iter(traced.compiled.values()))   # a training graph also computes the outputs
+        if fn is None:
+            start = time.perf_counter()
+            fn = traced.compiled[key] = _inductor(traced.graph, args)
+            traced.report.timings["inductor"] = traced.report.timings.get("inductor", 0.0) + time.perf_counter() - start
+        return traced, fn
+
+
+def _input_specs(model: nn.Module, example_inputs: Sequence[Any]) -> list[_InputSpec]:
+    try:
+        bound = inspect.signature(model.forward).bind(*example_inputs)
+    except TypeError as e:
+        raise FrontendError(f"example inputs do not fit {type(model).__name__}.forward: {e}") from None
+    names = []
+    for name, value in bound.arguments.items():
+        if isinstance(value, tuple) and bound.signature.parameters[name].kind is inspect.Parameter.VAR_POSITIONAL:
+            names += [f"{name}[{i}]" for i in range(len(value))]
+        else:
+            names.append(name)
+    specs = []
+    for name, t in zip(names, example_inputs):
+        if not isinstance(t, torch.Tensor):
+            raise FrontendError(f"example input {name!r} is a {type(t).__name__}; only tensors are supported "
+                                "(keep Python structure such as neighbour lists on the module)")
+        specs.append(_InputSpec(name, tuple(t.shape), t.dtype, t.device))
+    return specs
+
+
+def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str], options: Options,
+                     detailed: bool) -> _Traced:
+    start = time.perf_counter()
+    tracer = _Tracer(model, inputs, [n.replace("[", "_").replace("]", "") for n in names])
+    graph = tracer.trace(model)
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    leaves, out_spec = pytree.tree_flatten(output.args[0])
+    tensors = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
+    constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, fx.Node)}
+    for node in tensors:
+        if not isinstance(node.meta.get("example_value"), torch.Tensor):
+            raise FrontendError(f"{type(model).__name__}.forward returns {node.name} (a "
+                                f"{type(node.meta.get('example_value')).__name__}); outputs must be tensors, "
+                                "or tuples, lists and dicts of tensors and Python constants")
+    output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
+    gm = fx.GraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
+    trace_seconds = time.perf_counter() - start
+
+    with _gc_paused():
+        gm, report = group_graph(gm, options, detailed)
+    for node in gm.graph.nodes:   # the values were only needed for shapes; free them
+        node.meta.pop("example_value", None)
+    report.timings = {"trace": trace_seconds - tracer.value_seconds, "values": tracer.value_seconds,
+                      **report.timings}
+    return _Traced(gm, report, out_spec, constants)
+
+
+def _inductor(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Callable:
+    """Inductor's ``compile_fx`` (AOT autograd inside) on a copy: it rewrites the graph it is given."""
+    from torch._inductor.compile_fx import compile_fx
+
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return compile_fx(fx.GraphModule(gm, graph), list(inputs))
+
+
+def compile(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *, detailed: bool = False,
+            **options: Any) -> RelationalModule:
+    """Trace ``model`` on ``example_inputs`` without TorchDynamo, group it and compile it with Inductor.
+
+    ``example_inputs`` are the model's positional tensor inputs (a tuple, or
+    one tensor). Keyword arguments are backend options
+    (:class:`~dynamo_relational.Options`; ``inductor=False`` runs the grouped
+    graph eagerly); ``detailed=True`` also fills the report's printed graphs
+    and lower bound (slower). Returns a :class:`RelationalModule`: call it
+    like the model, with inputs of the example inputs' shapes, dtypes and
+    devices; train it through ``model.parameters()``. See the module
+    docstring for the contract (structure from Python data, no control flow
+    on tensor values, static shapes).
+    """
+    opts = Options.from_mapping(options)
+    if isinstance(example_inputs, torch.Tensor):
+        example_inputs = (example_inputs,)
+    if not isinstance(model, nn.Module):
+        raise FrontendError(f"compile expects an nn.Module, got {type(model).__name__}")
+    return RelationalModule(model, tuple(example_inputs), opts, detailed)

@@ -1,0 +1,263 @@
+"""``dynamo_relational.compile``, the fast front-end: eager's numbers and gradients, clear errors."""
+import pytest
+import torch
+from torch import nn
+
+import dynamo_relational
+from dynamo_relational import OptionsError
+from dynamo_relational.frontend import FrontendError
+from examples.data import graph_batch, random_forest
+from examples.gcn import ScalarGCN
+from examples.gin import ScalarGIN
+from examples.lrnn import ScalarLRNN
+from examples.rgcn import ScalarRGCN
+from examples.sage import ScalarSAGE
+from examples.tree_lstm import ScalarTreeLSTM
+from tests.conftest import TOLERANCE
+
+BUILDERS = {
+    "gcn": lambda b: ScalarGCN(b, b.x.shape[1]),
+    "sage": lambda b: ScalarSAGE(b, b.x.shape[1]),
+    "gin": lambda b: ScalarGIN(b, b.x.shape[1], layers=3),
+    "rgcn": lambda b: ScalarRGCN(b, b.x.shape[1]),
+    "lrnn": lambda b: ScalarLRNN(b),
+}
+
+
+def assert_fast_compile_matches_eager(model: nn.Module, *inputs: torch.Tensor, **options):
+    """Compile with dynamo_relational.compile (strict), compare outputs and the gradients of all
+    parameters and inputs with eager; return the compiled module."""
+    options.setdefault("strict", True)
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    compiled = dynamo_relational.compile(model, leaves, **options)
+    compiled_out, eager_out = compiled(*leaves), model(*leaves)
+    tol = TOLERANCE[eager_out.dtype]
+    torch.testing.assert_close(compiled_out, eager_out, **tol)
+    wrt = list(model.parameters()) + leaves
+    weights = torch.randn_like(eager_out)
+    got = torch.autograd.grad((compiled_out * weights).sum(), wrt, allow_unused=True)
+    want = torch.autograd.grad((eager_out * weights).sum(), wrt, allow_unused=True)
+    for (name, _), g, w in zip([*model.named_parameters(), *(("input", x) for x in leaves)], got, want):
+        if w is None:
+            assert g is None or torch.count_nonzero(g) == 0, name
+        else:
+            assert g is not None, name
+            torch.testing.assert_close(g, w, **tol, msg=lambda m: f"gradient of {name}: {m}")
+    return compiled
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_graph_example_matches_eager(name, dtype):
+    torch.manual_seed(0)
+    # (LRNN's scalar neurons make ~2,000 FX nodes per ENZYMES graph: one graph is plenty)
+    batch = graph_batch("enzymes", graphs=1, dtype=dtype) if name == "lrnn" else \
+        graph_batch("mutagenesis", graphs=3, dtype=dtype)
+    model = BUILDERS[name](batch).to(dtype)
+    report = assert_fast_compile_matches_eager(model, batch.x, inductor=False).report
+    assert report.nodes_after <= 60 < report.nodes_before
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_tree_lstm_matches_eager(dtype):
+    torch.manual_seed(0)
+    model = ScalarTreeLSTM(random_forest(3, 20), 6).to(dtype)
+    report = assert_fast_compile_matches_eager(model, torch.randn(20, 6, dtype=dtype), inductor=False).report
+    assert report.nodes_after < report.nodes_before / 2
+
+
+def test_groups_as_well_as_dynamo_graphs():
+    """The traced graph groups into as few groups as Dynamo's graph of the same model."""
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=1)
+    model = ScalarSAGE(batch, 7)
+    fast = dynamo_relational.compile(model, batch.x, inductor=False, detailed=True).report
+    dynamo = dynamo_relational.explain(model, batch.x, inductor=False)
+    assert (fast.nodes_after, fast.groups) == (dynamo.nodes_after, dynamo.groups)
+    assert fast.groups <= 1.2 * fast.lower_bound
+
+
+class Idioms(nn.Module):
+    """Python structure read from static shapes, buffers, in-place accumulation, iteration, a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.register_buffer("scale", torch.tensor([0.5, 2.0, 1.0]))
+        self.nbrs = [[1, 2], [0], [0, 1, 3], [2]]
+
+    def forward(self, x, y):
+        assert x.dim() == 2 and x.dtype == y.dtype and x.device == y.device
+        rows = [self.lin(row) for row in x]                                 # iteration over a tensor
+        out = []
+        for v in range(len(x)):
+            acc = torch.zeros(x.shape[1] - 1, dtype=x.dtype, device=x.device)   # a constant
+            for u in self.nbrs[v]:
+                acc += rows[u] * self.scale                                  # in-place accumulation
+            out.append(torch.tanh(acc) + y[v].sum())
+        return torch.stack(out), y.mean()
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_python_idioms_and_tuple_output(inductor):
+    torch.manual_seed(0)
+    model = Idioms().double()
+    x, y = torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 2, dtype=torch.float64)
+    with torch.no_grad():   # (an inference graph compiles faster)
+        compiled = dynamo_relational.compile(model, (x, y), inductor=inductor, strict=True)
+        got, want = compiled(x, y), model(x, y)
+    assert isinstance(got, tuple) and len(got) == 2
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+    assert not any(name.startswith("_tensor_constant") for name in vars(model)), "the model was modified"
+    assert [n for n, _ in model.named_buffers()] == ["scale"]
+
+
+@pytest.mark.parametrize("model", [
+    nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3)),
+    nn.TransformerEncoderLayer(6, 2, 16, dropout=0.0, batch_first=True).eval(),
+], ids=["mlp", "transformer"])
+def test_standard_modules_trace_through(model):
+    torch.manual_seed(0)
+    assert_fast_compile_matches_eager(model, torch.randn(2, 4, 6), inductor=False)
+
+
+class DataDependent(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, x):
+        h = x * 2
+        if self.kind == "if":
+            if h[0].sum() > 0:  # LINE:if
+                h = h + 1
+        elif self.kind == "item":
+            h = h + h[0, 0].item()  # LINE:item
+        elif self.kind == "tolist":
+            h = h[h[:, 0].long().tolist()]  # LINE:tolist
+        elif self.kind == "range":
+            h = torch.stack([h[i] for i in range(h[0, 0].long())])  # LINE:range
+        elif self.kind == "mask":
+            h = h[h > 0]  # LINE:mask
+        elif self.kind == "nonzero":
+            h = torch.nonzero(h)  # LINE:nonzero
+        return h
+
+
+@pytest.mark.parametrize("kind", ["if", "item", "tolist", "range", "mask", "nonzero"])
+def test_data_dependent_code_is_a_clear_error_naming_the_line(kind):
+    with open(__file__) as f:
+        line = next(i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# LINE:{kind}"))
+    with pytest.raises(FrontendError) as error:
+        dynamo_relational.compile(DataDependent(kind), torch.randn(3, 2), inductor=False)
+    message = str(error.value)
+    assert message.startswith("data-dependent control flow at ")
+    assert f"{__file__}:{line} in forward" in message
+    assert f"# LINE:{kind}" in message   # the source text of that line
+
+
+def test_error_in_user_code_names_the_line():
+    class Bad(nn.Module):
+        def forward(self, x):
+            return torch.ones(5, 3) @ x   # BAD SHAPES
+
+    with pytest.raises(FrontendError, match=r"RuntimeError while tracing .*test_frontend.py:\d+ in forward: "
+                                            r"return torch.ones\(5, 3\) @ x   # BAD SHAPES"):
+        dynamo_relational.compile(Bad(), torch.randn(4, 2), inductor=False)
+
+
+def test_calls_that_do_not_match_the_example_inputs_are_errors():
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2)
+    compiled = dynamo_relational.compile(ScalarGCN(batch, 7), batch.x, inductor=False)
+    n = batch.num_nodes
+    with pytest.raises(FrontendError, match=rf"argument 'x': the graph was compiled for shape \({n}, 7\), "
+                                            rf"torch.float32, on cpu, got shape \({n + 1}, 7\)"):
+        compiled(torch.randn(n + 1, 7))
+    with pytest.raises(FrontendError, match=r"argument 'x'.*got shape .* torch.float64"):
+        compiled(batch.x.double())
+    with pytest.raises(FrontendError, match=r"takes 1 tensor input\(s\) \(x\), got 2"):
+        compiled(batch.x, batch.x)
+    with pytest.raises(FrontendError, match="argument 'x' must be a tensor"):
+        compiled(batch.x.tolist())
+    with pytest.raises(FrontendError, match="only tensors are supported"):
+        dynamo_relational.compile(ScalarGCN(batch, 7), (batch.x.tolist(),))
+    with pytest.raises(OptionsError, match="unknown option 'inductr'"):
+        dynamo_relational.compile(ScalarGCN(batch, 7), batch.x, inductr=False)
+
+
+def test_train_and_eval_modes_are_traced_separately():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return [self.lin(row) * (2.0 if self.training else 1.0) for row in x][-1]
+
+    model, x = Scaled(), torch.randn(2, 3)
+    compiled = dynamo_relational.compile(model, x, inductor=False)
+    torch.testing.assert_close(compiled(x), model(x))
+    model.eval()
+    torch.testing.assert_close(compiled(x), model(x))
+    model.train()
+    torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_training_through_inductor_matches_eager():
+    """20 Adam steps over model.parameters(); the first step's gradients equal eager's exactly."""
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=3, dtype=torch.float64)
+    y = torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64)
+    eager = ScalarGCN(batch, 7).double()
+    trained = ScalarGCN(batch, 7).double()
+    trained.load_state_dict(eager.state_dict())
+    compiled = dynamo_relational.compile(trained, batch.x, strict=True)
+    inductor_seconds = compiled.report.pass_timings["inductor"]
+    with torch.no_grad():   # inference reuses the training graph: no second compilation
+        torch.testing.assert_close(compiled(batch.x), eager(batch.x), **TOLERANCE[torch.float64])
+    assert compiled.report.pass_timings["inductor"] == inductor_seconds
+
+    losses, first_grads = {}, {}
+    for name, model, fn in (("eager", eager, eager), ("compiled", trained, compiled)):
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        losses[name] = []
+        for step in range(20):
+            optimizer.zero_grad()
+            loss = nn.functional.binary_cross_entropy(fn(batch.x), y)
+            loss.backward()
+            if step == 0:
+                first_grads[name] = {n: p.grad.clone() for n, p in model.named_parameters()}
+            optimizer.step()
+            losses[name].append(loss.item())
+    assert all(g.abs().sum() > 0 for g in first_grads["compiled"].values())
+    torch.testing.assert_close(first_grads["compiled"], first_grads["eager"], **TOLERANCE[torch.float64])
+    torch.testing.assert_close(losses["compiled"], losses["eager"], **TOLERANCE[torch.float64])
+    assert losses["eager"][-1] < losses["eager"][0]
+
+
+@pytest.mark.slow
+def test_inference_compile_then_training_compiles_a_training_graph():
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2)
+    model = ScalarGCN(batch, 7)
+    with torch.no_grad():
+        compiled = dynamo_relational.compile(model, batch.x)
+    inference_seconds = compiled.report.pass_timings["inductor"]
+    out = compiled(batch.x)
+    assert out.requires_grad and compiled.report.pass_timings["inductor"] > inference_seconds
+    out.sum().backward()
+    expected = torch.autograd.grad(model(batch.x).sum(), model.readout.weight)[0]
+    torch.testing.assert_close(model.readout.weight.grad, expected, **TOLERANCE[torch.float32])
+
+
+@pytest.mark.slow
+def test_full_mutagenesis_gcn_compiles_and_matches_eager():
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis")
+    model = ScalarGCN(batch, 7)
+    compiled = dynamo_relational.compile(model, batch.x)
+    report = compiled.report
+    assert report.nodes_before > 40_000 and report.nodes_after <= 60
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(batch.x), model(batch.x), **TOLERANCE[torch.float32])

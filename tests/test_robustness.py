@@ -1,0 +1,82 @@
+"""Robustness: isolation of compiled models, determinism, Dynamo's guards on the Python structure,
+calls with other shapes and dtypes."""
+import pytest
+import torch
+
+from examples.data import graph_batch
+from examples.gcn import ScalarGCN
+from examples.sage import ScalarSAGE
+
+
+def _compile(model, **options):
+    return torch.compile(model, backend="relational", options={"strict": True, **options})
+
+
+def test_two_compiled_models_do_not_interfere():
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=3)
+    gcn, sage = ScalarGCN(batch, 7), ScalarSAGE(batch, 7)
+    compiled_gcn, compiled_sage = _compile(gcn), _compile(sage)
+    for _ in range(2):
+        torch.testing.assert_close(compiled_gcn(batch.x), gcn(batch.x))
+        torch.testing.assert_close(compiled_sage(batch.x), sage(batch.x))
+
+
+def test_forward_and_backward_are_deterministic():
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=4)
+    model = ScalarGCN(batch, 7)
+    compiled = _compile(model)
+    runs = []
+    for _ in range(3):
+        out = compiled(batch.x)
+        grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+        runs.append((out.detach(), grads))
+    for out, grads in runs[1:]:
+        assert torch.equal(out, runs[0][0])
+        assert all(torch.equal(g, g0) for g, g0 in zip(grads, runs[0][1]))
+
+
+def test_rewiring_the_structure_recompiles_and_stays_right():
+    """Dynamo guards the Python lists that hold the structure by value: a rewired edge is a new graph."""
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
+    model = ScalarGCN(batch, 7).double()
+    compiled = _compile(model, inductor=False)
+    torch.testing.assert_close(compiled(batch.x), model(batch.x))
+    target = next(v for v, nbrs in enumerate(model.in_nbrs) if nbrs)
+    model.in_nbrs[target] = model.in_nbrs[target][1:] + [0]
+    torch.testing.assert_close(compiled(batch.x), model(batch.x))
+
+
+def test_new_input_values_reuse_the_compiled_graph():
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
+    model = ScalarGCN(batch, 7).double()
+    counts = []
+
+    def counting_backend(gm, example_inputs):
+        counts.append(1)
+        from dynamo_relational.backend import relational
+
+        return relational(gm, example_inputs, options={"inductor": False})
+
+    compiled = torch.compile(model, backend=counting_backend)
+    for _ in range(3):
+        x = torch.randn_like(batch.x)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert len(counts) == 1
+
+
+def test_a_call_with_more_rows_or_another_dtype_is_right_or_an_error():
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
+    model = ScalarGCN(batch, 7).double()
+    compiled = _compile(model, inductor=False)
+    compiled(batch.x)
+    bigger = torch.cat([batch.x, torch.randn(5, 7, dtype=torch.float64)])
+    torch.testing.assert_close(compiled(bigger), model(bigger))
+    with pytest.raises(Exception):
+        model(batch.x.float())
+    with pytest.raises(Exception):
+        compiled(batch.x.float())
