@@ -30,8 +30,10 @@ MIN_SAVED_NODES = 1
 class GroupBuilder:
     """Writes the new graph; maps original nodes to new values or rows of groups."""
 
-    def __init__(self, gm: fx.GraphModule):
+    def __init__(self, gm: fx.GraphModule, max_typed_groups: int = 8):
         self.gm = gm
+        #: per-member weights with at most this many distinct values get one product per weight
+        self.max_typed_groups = max_typed_groups
         self.graph = fx.Graph()
         self.env: dict[fx.Node, fx.Node] = {}          # original node -> its value in the new graph
         self.rows: dict[fx.Node, tuple[fx.Node, int]] = {}  # original member -> (group node, row)
@@ -53,6 +55,8 @@ class GroupBuilder:
         if new is None:
             group, row = self.rows[node]
             new = self.env[node] = self.graph.call_function(operator.getitem, (group, row))
+            if tensor_info(node) is not None:
+                new.meta["rel_info"] = tensor_info(node)
         return new
 
     def slot(self, nodes: list) -> tuple[fx.Node | None, bool]:
@@ -156,6 +160,28 @@ class GroupBuilder:
         return [s for s in sources if s in self._value_of_single] + \
             [s for s in sources if s not in self._value_of_single]
 
+    def typed_rows(self, keys: list, make, row: TensorInfo) -> fx.Node | None:
+        """Rows computed per distinct ``keys[i]`` (a weight, or weight and bias), in member order.
+
+        ``make(key, members)`` emits the product of the members (indices) that
+        share ``key``: one ``mm`` per weight instead of a copy of the weight per
+        member and a batched product. The blocks are concatenated type by type
+        and read back in member order by one gather (which ``compose_gathers``
+        folds into the gather that reads this group). None when there are too
+        many types (then the weights are gathered).
+        """
+        distinct = list(dict.fromkeys(keys))
+        if not 1 < len(distinct) <= self.max_typed_groups:
+            return None
+        members = {key: [i for i, k in enumerate(keys) if k == key] for key in distinct}
+        out = self.graph.call_function(torch.cat, ([make(key, members[key]) for key in distinct],))
+        self.size[out] = len(keys)
+        out.meta["rel_info"] = TensorInfo((len(keys), *row.shape), row.dtype, row.device)
+        position = [0] * len(keys)
+        for at, i in enumerate(i for key in distinct for i in members[key]):
+            position[i] = at
+        return self.take(out, position, row)
+
     def align(self, value: fx.Node, member, rank: int, k: int) -> fx.Node:
         """Reshape batched ``[k, *member.shape]`` so it broadcasts like the member did in a rank-``rank`` op."""
         if member.rank >= rank:
@@ -209,7 +235,7 @@ def _unique_members(ops):
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    b = GroupBuilder(gm)
+    b = GroupBuilder(gm, ctx.options.max_typed_groups)
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "get_attr"):
             b.copy(node)

@@ -76,8 +76,23 @@ class EdgeConcat(nn.Module):
         return torch.stack(out)
 
 
+class LinearPerType(nn.Module):
+    """One ``nn.Linear`` per edge type (R-GCN written with modules)."""
+
+    def __init__(self, batch, types=3, hidden=6):
+        super().__init__()
+        self.lins = nn.ModuleList(nn.Linear(batch.x.shape[1], hidden) for _ in range(types))
+        self.in_edges = [[] for _ in range(batch.num_nodes)]
+        for e, (u, v) in enumerate(batch.edges):
+            self.in_edges[v].append((u, e % types))
+
+    def forward(self, x):
+        return torch.stack([torch.tanh(sum((self.lins[t](x[u]) for u, t in edges), torch.zeros(6, dtype=x.dtype)))
+                            for edges in self.in_edges])
+
+
 STYLES = {"accumulator": AccumulatorGCN, "row_vector": RowVectorMessages, "edge_weights": EdgeWeights,
-          "edge_concat": EdgeConcat}
+          "edge_concat": EdgeConcat, "linear_per_type": LinearPerType}
 
 
 @pytest.mark.parametrize("name", sorted(STYLES))
@@ -87,3 +102,16 @@ def test_style_compiles_and_matches_eager(name):
     model = STYLES[name](batch).double()
     report = assert_compiled_matches_eager(model, batch.x, inductor=False)
     assert report.nodes_after <= 60 < report.nodes_before
+
+
+@pytest.mark.parametrize("name", ["linear_per_type", "weight_per_type"])
+def test_a_few_weights_become_one_product_per_weight(name):
+    """``W[type] @ h`` and one ``nn.Linear`` per type: one linear per type, no weight copied per edge."""
+    from examples.rgcn import ScalarRGCN
+
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=3, dtype=torch.float64)
+    model = (LinearPerType(batch) if name == "linear_per_type" else ScalarRGCN(batch, 7, layers=1)).double()
+    report = assert_compiled_matches_eager(model, batch.x, inductor=False)
+    after = report.graphs[0].after
+    assert "matmul" not in after and after.count("linear(") >= 3

@@ -1,8 +1,11 @@
 """Matrix products of one neuron: ``W @ h``, ``h @ W``, ``torch.dot``, ``F.linear``.
 
 A weight shared by every member stays one operand: the group becomes a single
-``mm``/``linear`` over the stacked rows. Per-member weights (``W[type] @ h``)
-are gathered into ``[k, out, in]`` and multiplied with a batched matmul.
+``mm``/``linear`` over the stacked rows. Per-member weights with a few
+distinct values (``W[type] @ h``, one ``nn.Linear`` per type; at most
+``max_typed_groups``) become one ``linear`` per weight over that weight's rows;
+beyond that, the weights are gathered into ``[k, out, in]`` and multiplied
+with a batched matmul.
 Supported member ranks: vector/matrix combinations up to 2-D.
 """
 from __future__ import annotations
@@ -48,6 +51,10 @@ class Matmul(OpFamily):
         if ra == 2 and rv == 1:
             if not ba:  # shared weight: one mm over all rows
                 return g.call_function(F.linear, (v, a))
+            typed = b.typed_rows([m.operands[0] for m in members], lambda weight, rows: g.call_function(
+                F.linear, (b.gather([members[i].operands[1] for i in rows]), b.value(weight))), members[0].info)
+            if typed is not None:  # a few weights (W[type] @ h): one mm per weight
+                return typed
             if bv:
                 return g.call_method("squeeze", (g.call_function(
                     torch.matmul, (a, g.call_method("unsqueeze", (v, -1)))), -1))
@@ -86,6 +93,12 @@ class Linear(OpFamily):
             if not bb:
                 return g.call_function(F.linear, (x, w, bias))
             out = g.call_function(F.linear, (x, w))
+        elif x_rank == 1 and (typed := b.typed_rows(
+                [(m.operands[1], m.operands[2]) for m in members],
+                lambda key, rows: g.call_function(F.linear, (b.gather([members[i].operands[0] for i in rows]),
+                                                             b.value(key[0]), b.value(key[1]))),
+                info)) is not None:  # a few (weight, bias) pairs, e.g. one nn.Linear per type
+            return typed
         elif x_rank == 1 and bx:
             out = g.call_method("squeeze", (g.call_function(
                 torch.matmul, (w, g.call_method("unsqueeze", (x, -1)))), -1))
