@@ -1,0 +1,56 @@
+"""Scaling plots of a sweep (``python -m benchmarks --sweep``): log-log compile time and
+run time against model size, one line per system.
+
+Points that were not measured (``> cap``, failures) are left out; the compile
+cap is drawn as a horizontal line, so a system whose line stops below it ran
+into the cap at the next size.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks.report import LABELS
+from benchmarks.workloads import Workload, neurons
+
+
+def plot_scaling(results: dict, out: Path) -> Path:
+    """Write ``out/scaling.png`` (compile time, forward and forward+backward time against neurons)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for w in results["workloads"]:
+        n = neurons(Workload.parse(w["name"]), w["size"])
+        for system, e in w["systems"].items():
+            s = series.setdefault(system, dict(compile=[], forward=[], forward_backward=[]))
+            if (e.get("compile") or {}).get("total") is not None and e.get("status") == "ok":
+                s["compile"].append((n, e["compile"]["total"]))
+            for kind in ("forward", "forward_backward"):
+                if f"{kind}_ms" in e:
+                    s[kind].append((n, e[f"{kind}_ms"]))
+
+    colors = {system: f"C{i}" for i, system in enumerate(series)}
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    panels = (("compile", "compile time [s]"), ("forward", "forward [ms]"),
+              ("forward_backward", "forward+backward [ms]"))
+    for ax, (kind, ylabel) in zip(axes, panels):
+        for system, s in series.items():
+            if s[kind]:
+                xs, ys = zip(*sorted(s[kind]))
+                ax.plot(xs, ys, marker="o", color=colors[system], label=LABELS.get(system, system))
+        if kind == "compile":
+            ax.axhline(results["meta"]["cap_s"], color="grey", linestyle="--", label="compile cap")
+        ax.set(xscale="log", yscale="log", xlabel="neurons (graph nodes x layers)", ylabel=ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+    handles = {h.get_label(): h for ax in axes for h in ax.get_lines()}
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles), fontsize="small")
+    meta = results["meta"]
+    fig.suptitle(f"scalar GCN, Mutagenesis-shaped batches; torch {meta['torch']}, "
+                 f"{meta['num_threads']} threads, {meta['device']}")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    path = out / "scaling.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,71 @@
+"""The benchmark suite (benchmarks/): PyG peers equal the scalar models; a tiny run of the
+whole command writes the expected JSON and markdown; the compile cap kills a slow child.
+
+Inductor is switched off for the relational systems here (``--options``), so
+the smoke run compiles nothing with a C++ compiler and stays well under a minute.
+"""
+import json
+
+import pytest
+import torch
+
+from benchmarks import run
+from benchmarks.harness import OUTPUT_ATOL
+from benchmarks.session import run_session
+from benchmarks.workloads import Workload
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage", "gin"])
+def test_pyg_peer_equals_scalar_model(model):
+    built = Workload(model, "mutagenesis", 4).build()
+    nbrs = built.model.in_nbrs
+    assert any(not n for n in nbrs), "the batch should have a node without in-neighbours"
+    torch.testing.assert_close(built.peer(built.x), built.model(built.x), rtol=0, atol=OUTPUT_ATOL)
+    # the weights are copies, not shared: training one model leaves the other alone
+    assert not {id(p) for p in built.peer.parameters()} & {id(p) for p in built.model.parameters()}
+
+
+def test_tiny_run_writes_results(tmp_path):
+    systems = ["eager", "relational", "relational_fast", "pyg"]
+    results = run.main(["--workloads", "gcn/mutagenesis[2]", "--systems", ",".join(systems), "--runs", "2",
+                        "--warmup", "1", "--options", '{"inductor": false}', "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved == json.loads(json.dumps(results))
+    assert saved["meta"]["num_threads"] == torch.get_num_threads() and saved["meta"]["torch"] == torch.__version__
+    [gcn] = saved["workloads"]
+    assert gcn["name"] == "gcn/mutagenesis[2]" and list(gcn["systems"]) == systems
+    for name, entry in gcn["systems"].items():
+        assert entry["status"] == "ok", (name, entry)
+        assert entry["check"]["passed"] and entry["check"]["output_max_abs_diff"] <= OUTPUT_ATOL
+        assert entry["runs"] == 2 and 0 < entry["forward_ms"] and 0 < entry["forward_backward_ms"]
+        assert entry["peak_memory_bytes"] > 0
+    rel, fast = gcn["systems"]["relational"], gcn["systems"]["relational_fast"]
+    assert rel["session"] == "child" and set(rel["vs"]) == {"pyg"}   # the child's own PyG run
+    assert fast["session"] == "main" and set(fast["vs"]) == {"pyg", "eager"}
+    assert rel["compile"]["fx_nodes_after"] < rel["compile"]["fx_nodes_before"]
+    for entry in (rel, fast):
+        assert entry["check"]["grad_max_rel_diff"] <= 1e-4
+        parts = entry["compile"]
+        assert parts["trace"] + parts["grouping"] + parts["passes"] <= parts["total"]
+
+    md = (tmp_path / "results.md").read_text()
+    table, targets = md.split("## Issue 3 targets")
+    for system in ("eager (scalar)", "relational", "relational (fast front-end)", "PyG"):
+        assert f"| gcn/mutagenesis[2] | {system} | " in table
+    assert "| gcn/mutagenesis[2] | relational (fast front-end) | " in targets
+
+
+def test_session_without_peer_compares_with_eager():
+    result = run_session(Workload.parse("tree_lstm/2x8"), ["eager", "relational_fast"], runs=2, warmup=1,
+                         options={"inductor": False})
+    assert result["size"] == dict(trees=2, nodes=8, edges=6)
+    fast = result["systems"]["relational_fast"]
+    assert fast["status"] == "ok" and set(fast["vs"]) == {"eager"}
+
+
+def test_compile_cap_stops_a_slow_system(tmp_path):
+    results = run.main(["--workloads", "gcn/mutagenesis[2]", "--systems", "inductor", "--runs", "2",
+                        "--cap", "0.5", "--out", str(tmp_path)])
+    entry = results["workloads"][0]["systems"]["inductor"]
+    assert entry["status"] == "> cap (0.5 s)"
+    assert "> cap (0.5 s)" in (tmp_path / "results.md").read_text()
