@@ -47,7 +47,7 @@ def pack_csr(offsets: Tensor, index: Tensor, columns: int) -> Tensor:
     rows = offsets.shape[0] - 1
     row_of = torch.repeat_interleave(torch.arange(rows, device=offsets.device), offsets[1:] - offsets[:-1],
                                      output_size=index.shape[0])
-    order = torch.argsort(index * max(rows, 1) + row_of, stable=True)
+    order = torch.argsort(index, stable=True)  # row_of ascends along A's entries: stable keeps it per column
     offsets_t = torch.zeros(columns + 1, dtype=torch.long, device=offsets.device)
     torch.cumsum(torch.bincount(index, minlength=columns), 0, out=offsets_t[1:])
     packed = torch.cat([offsets, index, offsets_t, row_of[order]])
