@@ -18,13 +18,12 @@ Prints medians in microseconds, forward and forward+backward.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
 from dynamo_relational.kernels.gather_reduce import gather_reduce, pack_csr
 from dynamo_relational.kernels.segment import csr_offsets
+from examples.common import median_ms
 
 
 def providers(source_rows: int, src: torch.Tensor, dst: torch.Tensor) -> dict:
@@ -45,16 +44,6 @@ def providers(source_rows: int, src: torch.Tensor, dst: torch.Tensor) -> dict:
     except ImportError:
         pass
     return result
-
-
-def median_us(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
 
 
 def main(argv=None) -> list[dict]:
@@ -79,8 +68,8 @@ def main(argv=None) -> list[dict]:
             reference = out if reference is None else reference
             torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-4)
             with torch.no_grad():
-                forward = median_us(lambda: fn(x), args.repeats)
-            both = median_us(lambda: fn(x).sum().backward(), args.repeats)
+                forward = median_ms(lambda: fn(x), args.repeats, warmup=1) * 1e3
+            both = median_ms(lambda: fn(x).sum().backward(), args.repeats, warmup=1) * 1e3
             results.append(dict(rows=rows, provider=name, forward_us=forward, forward_backward_us=both))
             print(f"{rows:>10} {name:<30} {forward:>12.1f} {both:>12.1f}", flush=True)
         rows *= 10

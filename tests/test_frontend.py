@@ -8,20 +8,10 @@ from dynamo_relational import OptionsError
 from dynamo_relational.frontend import FrontendError
 from examples.data import graph_batch, random_forest
 from examples.gcn import ScalarGCN
-from examples.gin import ScalarGIN
-from examples.lrnn import ScalarLRNN
-from examples.rgcn import ScalarRGCN
 from examples.sage import ScalarSAGE
 from examples.tree_lstm import ScalarTreeLSTM
 from tests.conftest import TOLERANCE
-
-BUILDERS = {
-    "gcn": lambda b: ScalarGCN(b, b.x.shape[1]),
-    "sage": lambda b: ScalarSAGE(b, b.x.shape[1]),
-    "gin": lambda b: ScalarGIN(b, b.x.shape[1], layers=3),
-    "rgcn": lambda b: ScalarRGCN(b, b.x.shape[1]),
-    "lrnn": lambda b: ScalarLRNN(b),
-}
+from tests.test_examples import BUILDERS
 
 
 def assert_fast_compile_matches_eager(model: nn.Module, *inputs: torch.Tensor, **options):
