@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .options import Options
 from .report import GraphReport, Report
@@ -110,12 +111,33 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
     if options.inductor:
         from torch._inductor.compile_fx import compile_fx
 
+        aten = _copy(grouped)  # compile_fx rewrites the graph it is given
         fn = compile_fx(grouped, list(example_inputs))
+        report.timings["inductor"] = time.perf_counter() - start
+        fn = choose_executor(fn, aten, example_inputs, options, report)
     else:
         fn = grouped
-    report.timings["inductor" if options.inductor else "no_inductor"] = time.perf_counter() - start
+        report.timings["no_inductor"] = time.perf_counter() - start
     log.info("relational: %d -> %d FX nodes in %d groups", report.nodes_before, report.nodes_after, report.groups)
     return CompiledGraph(fn, grouped, report)
+
+
+def choose_executor(inductor_fn: Callable, aten: Callable, inputs: Sequence[Any], options: Options,
+                    report: GraphReport) -> Callable:
+    """With ``options.autotune``, time Inductor's code against the grouped graph's plain ATen calls
+    on the (real) example inputs and return the faster; the choice is recorded in the report."""
+    real = all(not isinstance(x, FakeTensor) for x in inputs if isinstance(x, torch.Tensor))
+    if not (options.autotune and report.vectorized_groups and real):
+        return inductor_fn
+    from .autotune import fastest
+
+    start = time.perf_counter()
+    choice, medians = fastest({"inductor": inductor_fn, "aten": aten}, inputs)
+    report.timings["autotune"] = time.perf_counter() - start
+    report.stats["executor"] = choice
+    report.stats["executor_ms"] = medians
+    log.info("relational: runs the grouped graph with %s (measured ms: %s)", choice, medians)
+    return aten if choice == "aten" else inductor_fn
 
 
 def relational(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, **kwargs):

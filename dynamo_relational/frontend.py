@@ -58,7 +58,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .backend import group_graph
+from .backend import choose_executor, group_graph
 from .errors import RelationalError
 from .options import Options
 from .report import GraphReport, Report
@@ -543,8 +543,9 @@ class RelationalModule(nn.Module):
             fn = next(iter(traced.compiled.values()))   # a training graph also computes the outputs
         if fn is None:
             start = time.perf_counter()
-            fn = traced.compiled[key] = _inductor(traced.graph, args)
+            fn = _inductor(traced.graph, args)
             traced.report.timings["inductor"] = traced.report.timings.get("inductor", 0.0) + time.perf_counter() - start
+            fn = traced.compiled[key] = choose_executor(fn, traced.graph, args, self.options, traced.report)
         return traced, fn
 
 

@@ -19,6 +19,12 @@ class Options:
     #: Hand the grouped graph to Inductor (``compile_fx``). ``False`` runs the
     #: grouped graph eagerly, which is handy for debugging the grouping itself.
     inductor: bool = True
+    #: With Inductor on, also time the grouped graph run as plain ATen calls on
+    #: the example inputs (the forward pass) and keep whichever is faster: on CPU, graphs of a few large gathers,
+    #: products and segment reductions often run faster unfused. The choice
+    #: and the times are in the report (``stats["executor"]``). The timing costs
+    #: a few runs of the graph at compile time.
+    autotune: bool = True
     #: Group per-neuron nodes at all. ``False`` passes Dynamo's graph straight
     #: to the final compiler (stock behaviour), for comparisons.
     grouping: bool = True
