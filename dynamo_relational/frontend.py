@@ -584,6 +584,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                                 f"{type(node.meta.get('example_value')).__name__}); outputs must be tensors, "
                                 "or tuples, lists and dicts of tensors and Python constants")
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
+    _copy_mutated_constants(graph)
     gm = fx.GraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
     trace_seconds = time.perf_counter() - start
 
@@ -594,6 +595,22 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     report.timings = {"trace": trace_seconds - tracer.value_seconds, "values": tracer.value_seconds,
                       **report.timings}
     return _Traced(gm, report, out_spec, constants)
+
+
+def _copy_mutated_constants(graph: fx.Graph) -> None:
+    """A tensor made in ``forward`` from Python values alone (``acc = torch.zeros(8)``) is traced as
+    a constant of the graph; an in-place op on it (``acc += t``) would change that constant for
+    every later call. Eager makes a new tensor on every call, so the op gets a fresh copy."""
+    from dynamo_relational.passes.inplace import is_in_place
+
+    for node in list(graph.nodes):
+        target = node.args[0] if node.args else None
+        if (is_in_place(node) and isinstance(target, fx.Node) and target.op == "get_attr"
+                and target.target.startswith("_tensor_constant")):
+            with graph.inserting_before(node):
+                fresh = graph.call_function(torch.clone, (target,))
+            fresh.meta = dict(target.meta)
+            node.args = (fresh, *node.args[1:])
 
 
 def _inductor(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Callable:

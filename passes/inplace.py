@@ -2,8 +2,8 @@
 
 Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 ``alpha``) into ``acc + t``. Legal when ``acc`` is a fresh temporary: produced
-by an arithmetic op or ``torch.zeros`` (not a view, input or parameter) whose
-only user is the in-place op, and the result has ``acc``'s shape and dtype. Then nothing else
+by an arithmetic op, ``torch.zeros`` or ``torch.clone`` (not a view, input or
+parameter) whose only user is the in-place op, and the result has ``acc``'s shape and dtype. Then nothing else
 can observe the mutation. Every other in-place op is recorded in
 ``ctx.mutations``; the grouping pass then leaves the graph as it is, since
 grouping copies values that in-place ops may alias.
@@ -51,7 +51,7 @@ def is_in_place(node: fx.Node) -> bool:
 
 def _fresh_temporary(node: fx.Node, user: fx.Node) -> bool:
     fresh = (node.op in ("call_function", "call_method") and REGISTRY.family_of(node) in _FRESH_FAMILIES) \
-        or is_zeros(node)
+        or is_zeros(node) or (node.op == "call_function" and node.target is torch.clone)
     return fresh and list(node.users) == [user] and not is_in_place(node)
 
 

@@ -251,3 +251,16 @@ def test_full_mutagenesis_gcn_compiles_and_matches_eager():
     assert report.nodes_before > 40_000 and report.nodes_after <= 60
     with torch.no_grad():
         torch.testing.assert_close(compiled(batch.x), model(batch.x), **TOLERANCE[torch.float32])
+
+
+def test_in_place_accumulator_made_in_forward_is_fresh_on_every_call():
+    """``acc = torch.zeros(...); acc += ...`` traces ``acc`` as a constant: it must not accumulate across calls."""
+    from tests.test_model_styles import AccumulatorGCN
+
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
+    model = AccumulatorGCN(batch).double()
+    compiled = dynamo_relational.compile(model, batch.x, inductor=False, strict=True)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(batch.x), model(batch.x), **TOLERANCE[torch.float64])
+    assert compiled.report.nodes_after < compiled.report.nodes_before / 4
