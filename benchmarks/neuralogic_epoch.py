@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
+
+from examples.common import median_ms
 
 
 def _mutagenesis(template: str):
@@ -32,17 +33,6 @@ def _mutagenesis(template: str):
     dataset = FileDataset(examples_file=os.path.join(base, "examples.txt"),
                           queries_file=os.path.join(base, "queries.txt"))
     return model, dataset
-
-
-def _median_seconds(step, repeats: int, warmup: int = 2) -> float:
-    for _ in range(warmup):   # the engine's JIT, Inductor's first calls
-        step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -76,8 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
     read_seconds = time.perf_counter() - start
     counts = module.program.count()
 
-    java_forward = _median_seconds(lambda: model(samples), args.epochs)
-    java_epoch = _median_seconds(lambda: model.train(samples, epochs=1), args.epochs)
+    java_forward = median_ms(lambda: model(samples), args.epochs) / 1e3
+    java_epoch = median_ms(lambda: model.train(samples, epochs=1), args.epochs) / 1e3
 
     import dynamo_relational
 
@@ -96,9 +86,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     epoch()   # compiles (Dynamo: forward and backward; fx: backward)
     compile_seconds = time.perf_counter() - start
-    torch_epoch = _median_seconds(epoch, args.epochs)
+    torch_epoch = median_ms(epoch, args.epochs) / 1e3
     with torch.no_grad():
-        torch_forward = _median_seconds(compiled, args.epochs)
+        torch_forward = median_ms(compiled, args.epochs) / 1e3
 
     result = dict(compression=args.compression, template=args.template, frontend=args.frontend, **counts,
                   read_s=read_seconds, compile_s=compile_seconds, java_epoch_ms=java_epoch * 1e3,

@@ -33,7 +33,8 @@ from examples.data import GraphBatch
 
 
 class _PygGraphModel(nn.Module):
-    """Common part: the batch's graph as buffers, pooling and the sigmoid readout."""
+    """Common part: the batch's graph as buffers, relu after every conv in ``self.convs``
+    (set by the subclass), pooling and the sigmoid readout."""
 
     def __init__(self, batch: GraphBatch, readout: nn.Linear, pool: str):
         super().__init__()
@@ -42,6 +43,11 @@ class _PygGraphModel(nn.Module):
         self.num_graphs = batch.num_graphs
         self.readout = copy.deepcopy(readout)
         self.pool = pool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = torch.relu(conv(x, self.edge_index))
+        return self.pooled_readout(x)
 
     def pooled_readout(self, h: torch.Tensor) -> torch.Tensor:
         from torch_geometric.nn import global_add_pool, global_mean_pool
@@ -65,11 +71,6 @@ class PygGCN(_PygGraphModel):
                 conv.bias.copy_(lin.bias)
             self.convs.append(conv)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for conv in self.convs:
-            x = torch.relu(conv(x, self.edge_index))
-        return self.pooled_readout(x)
-
 
 class PygSAGE(_PygGraphModel):
     """``SAGEConv`` (mean) layers with ``ScalarSAGE``'s weights (``neighbor`` -> ``lin_l``, ``root`` -> ``lin_r``)."""
@@ -85,11 +86,6 @@ class PygSAGE(_PygGraphModel):
             conv.lin_r.load_state_dict(lin_r.state_dict())
             self.convs.append(conv)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for conv in self.convs:
-            x = torch.relu(conv(x, self.edge_index))
-        return self.pooled_readout(x)
-
 
 class PygGIN(_PygGraphModel):
     """``GINConv(mlp, eps=0)`` layers with copies of ``ScalarGIN``'s MLPs."""
@@ -103,11 +99,6 @@ class PygGIN(_PygGraphModel):
             conv = GINConv(copy.deepcopy(mlp), eps=0.0, train_eps=False)
             conv.nn.load_state_dict(mlp.state_dict())   # GINConv's constructor re-initializes its nn
             self.convs.append(conv)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for conv in self.convs:
-            x = torch.relu(conv(x, self.edge_index))
-        return self.pooled_readout(x)
 
 
 def peer_of(scalar: nn.Module, batch: GraphBatch) -> nn.Module | None:
