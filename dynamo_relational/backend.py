@@ -123,16 +123,17 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
 
 
 def choose_executor(inductor_fn: Callable, aten: Callable, inputs: Sequence[Any], options: Options,
-                    report: GraphReport) -> Callable:
+                    report: GraphReport, grad: bool = False) -> Callable:
     """With ``options.autotune``, time Inductor's code against the grouped graph's plain ATen calls
-    on the (real) example inputs and return the faster; the choice is recorded in the report."""
+    on the (real) example inputs and return the faster; the choice is recorded in the report.
+    ``grad`` times the forward with autograd recording (the mode the code was compiled for)."""
     real = all(not isinstance(x, FakeTensor) for x in inputs if isinstance(x, torch.Tensor))
     if not (options.autotune and report.vectorized_groups and real):
         return inductor_fn
     from .autotune import fastest
 
     start = time.perf_counter()
-    choice, medians = fastest({"inductor": inductor_fn, "aten": aten}, inputs)
+    choice, medians = fastest({"inductor": inductor_fn, "aten": aten}, inputs, grad)
     report.timings["autotune"] = time.perf_counter() - start
     report.stats["executor"] = choice
     report.stats["executor_ms"] = medians

@@ -58,10 +58,11 @@ from torch import nn
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .backend import choose_executor, group_graph
+from .backend import group_graph
 from .errors import RelationalError
 from .options import Options
 from .report import GraphReport, Report
+from .schemas import compile_grouped
 
 log = logging.getLogger("dynamo_relational")
 
@@ -542,10 +543,8 @@ class RelationalModule(nn.Module):
         if fn is None and key == "no_grad" and traced.compiled:
             fn = next(iter(traced.compiled.values()))   # a training graph also computes the outputs
         if fn is None:
-            start = time.perf_counter()
-            fn = _inductor(traced.graph, args)
-            traced.report.timings["inductor"] = traced.report.timings.get("inductor", 0.0) + time.perf_counter() - start
-            fn = traced.compiled[key] = choose_executor(fn, traced.graph, args, self.options, traced.report)
+            fn = traced.compiled[key] = compile_grouped(traced.graph, args, self.options, traced.report,
+                                                        grad=needs_grad)
         return traced, fn
 
 
@@ -611,15 +610,6 @@ def _copy_mutated_constants(graph: fx.Graph) -> None:
                 fresh = graph.call_function(torch.clone, (target,))
             fresh.meta = dict(target.meta)
             node.args = (fresh, *node.args[1:])
-
-
-def _inductor(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> Callable:
-    """Inductor's ``compile_fx`` (AOT autograd inside) on a copy: it rewrites the graph it is given."""
-    from torch._inductor.compile_fx import compile_fx
-
-    graph = fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    return compile_fx(fx.GraphModule(gm, graph), list(inputs))
 
 
 def compile(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *, detailed: bool = False,

@@ -25,6 +25,12 @@ class Options:
     #: and the times are in the report (``stats["executor"]``). The timing costs
     #: a few runs of the graph at compile time.
     autotune: bool = True
+    #: Fast front-end (:func:`dynamo_relational.compile`): share compiled code
+    #: between graphs whose grouped graphs have the same ops (another batch,
+    #: the next fold): index tensors and sizes become inputs of code compiled
+    #: with dynamic shapes, so a new grounding skips Inductor. ``False``
+    #: compiles every grouped graph for its own sizes.
+    reuse_compiled: bool = True
     #: Group per-neuron nodes at all. ``False`` passes Dynamo's graph straight
     #: to the final compiler (stock behaviour), for comparisons.
     grouping: bool = True

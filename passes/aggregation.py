@@ -84,44 +84,81 @@ def _stack_reduction(node: fx.Node):
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     graph = gm.graph
-    terms_of: dict[fx.Node, list] = {}  # aggregations made so far (sum ones may absorb further)
+    additions = {node for node in graph.nodes if _addends(node) is not None}
+    stack_sums: dict[fx.Node, list] = {}   # torch.stack(...).sum(0) aggregations: a sum may absorb their terms
     rewritten = 0
     for node in list(graph.nodes):
+        absorbed: list[fx.Node] = []
         stacked = _stack_reduction(node)
         if stacked is not None:
             terms, reduce = stacked
+        elif node in additions:
+            if _feeds_one_addition(node, additions):
+                continue   # the addition it feeds collects its terms
+            reduce, terms = "sum", _sum_terms(node, additions, stack_sums, tensor_info(node), absorbed)
         else:
-            addends = _addends(node)
-            if addends is None:
-                continue
-            reduce, terms = "sum", []
-            for a in addends:
-                if _is_zero(a, tensor_info(node)):
-                    continue
-                inner = terms_of.get(a)
-                if inner is not None and inner[1] == "sum" and len(a.users) == 1:
-                    terms.extend(inner[0])
-                else:
-                    terms.append(a)
+            continue
         assert reduce in REDUCTIONS
         with graph.inserting_before(node):
-            agg = graph.call_function(aggregate_fn, (terms, reduce))
+            # Arguments set after creation: create_node walks them looking for SymInts, slow for long lists.
+            agg = graph.call_function(aggregate_fn)
+        agg.args = (terms, reduce)
         agg.meta = dict(node.meta)
         node.replace_all_uses_with(agg)
         _erase_dead_chain(graph, node)
-        terms_of[agg] = (terms, reduce)
+        for inner in dict.fromkeys(absorbed):   # parents first: each is unused once its parent is gone
+            _erase_dead_chain(graph, inner)
+        if reduce == "sum":
+            stack_sums[agg] = terms
         rewritten += 1
     ctx.stats["aggregations"] = rewritten
     return gm
 
 
-def _erase_dead_chain(graph: fx.Graph, node: fx.Node) -> None:
-    """Erase ``node`` and the absorbed partial sums/stacks that fed only it."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if n.users or n.op not in ("call_function", "call_method"):
+def _feeds_one_addition(node: fx.Node, additions: set) -> bool:
+    return len(node.users) == 1 and next(iter(node.users)) in additions
+
+
+def _sum_terms(root: fx.Node, additions: set, stack_sums: dict, info, absorbed: list) -> list:
+    """The terms of the addition tree under ``root``, left to right: additions (and stack sums)
+    that feed only this tree are opened up (and listed in ``absorbed``, parents first; ``a + a``
+    lists ``a`` twice), zeros dropped."""
+    terms = []
+    pending: list = [root]
+    while pending:
+        item = pending.pop()
+        if type(item) is _Term:
+            terms.append(item.value)
             continue
-        inputs = [a for a in n.all_input_nodes if a.target is aggregate_fn or a.target is torch.stack]
-        graph.erase_node(n)
-        stack.extend(inputs)
+        if item is not root:
+            absorbed.append(item)
+            if item in stack_sums:
+                terms.extend(stack_sums[item])
+                continue
+        for a in reversed(item.args):   # reversed: the left operand is popped first
+            if _is_zero(a, info):
+                continue
+            if isinstance(a, fx.Node) and len(a.users) == 1 and (a in additions or a in stack_sums):
+                pending.append(a)
+            else:
+                pending.append(_Term(a))
+    return terms
+
+
+class _Term:
+    """A leaf of the addition tree, kept in order on the work stack."""
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _erase_dead_chain(graph: fx.Graph, node: fx.Node) -> None:
+    """Erase ``node`` and the ``torch.stack`` that fed only it."""
+    if node.users or node.op not in ("call_function", "call_method"):
+        return
+    stacks = [a for a in node.all_input_nodes if a.target is torch.stack]
+    graph.erase_node(node)
+    for stack in stacks:
+        if not stack.users:
+            graph.erase_node(stack)

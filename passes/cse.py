@@ -5,8 +5,10 @@ and Dynamo records every read. Two nodes with the same target and the same
 arguments (nodes by identity, constants by type and value) compute the same
 value when the op is pure: every op in the neuron-op catalog is, so are
 layout views such as ``W.T`` (merged so that a weight stays one shared
-operand), and in-place variants are excluded. Merging them shrinks the graph before grouping.
-Graphs that keep in-place ops are left alone.
+operand), and in-place variants are excluded. Equal small tensor constants
+and equal calls of deterministic factories (``torch.zeros(8)`` once per
+neuron) merge. Merging shrinks the graph before grouping. Graphs that keep
+in-place ops are left alone.
 """
 from __future__ import annotations
 
@@ -44,6 +46,21 @@ _VIEW_METHODS = {"t", "transpose", "permute", "contiguous", "expand", "detach"}
 _VIEW_FUNCTIONS = {torch.t, torch.transpose, torch.permute}
 
 
+_FACTORIES = {torch.zeros, torch.ones, torch.full, torch.zeros_like, torch.ones_like, torch.full_like,
+              torch.tensor, torch.arange, torch.eye}
+
+
+def _is_factory(node: fx.Node) -> bool:
+    """Deterministic tensor factories (``torch.zeros(8)`` once per neuron): equal calls, equal values.
+    Merging them is legal because no in-place op is left to write into one of them."""
+    if node.op != "call_function":
+        return False
+    try:
+        return node.target in _FACTORIES
+    except TypeError:
+        return False
+
+
 def _is_pure_view(node: fx.Node) -> bool:
     """Layout-only ops outside the catalog (``W.T``, ``W.t()``): merging them keeps weights shared."""
     if node.op == "call_method":
@@ -58,18 +75,42 @@ def _is_pure_view(node: fx.Node) -> bool:
         return False
 
 
+#: Constants up to this many bytes are compared by value.
+_CONSTANT_BYTES = 1 << 16
+
+
+def _constant_key(gm: fx.GraphModule, node: fx.Node):
+    """Equal small constants made for the graph (``torch.zeros(8)`` written once per neuron
+    becomes one ``_tensor_constant`` each) merge: keyed by their exact bytes. Parameters and
+    buffers of the model never do; they are named after their module."""
+    if not node.target.startswith("_tensor_constant"):
+        return None
+    value = getattr(gm, node.target, None)
+    if not isinstance(value, torch.Tensor) or value.requires_grad or value.is_sparse \
+            or value.numel() * value.element_size() > _CONSTANT_BYTES:
+        return None
+    data = value.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
+    return ("constant", value.dtype, tuple(value.shape), value.device, data)
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if ctx.mutations:
         return gm
     seen: dict = {}
     removed = 0
     for node in list(gm.graph.nodes):
-        if (REGISTRY.family_of(node) is None and not _is_pure_view(node)) or is_in_place(node):
+        if node.op == "get_attr":
+            key = _constant_key(gm, node)
+            if key is None:
+                continue
+        elif (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not _is_factory(node)) \
+                or is_in_place(node):
             continue
-        try:
-            key = (node.op, node.target, _freeze(node.args), _freeze(node.kwargs))
-        except _Unhashable:
-            continue
+        else:
+            try:
+                key = (node.op, node.target, _freeze(node.args), _freeze(node.kwargs))
+            except _Unhashable:
+                continue
         twin = seen.setdefault(key, node)
         if twin is not node:
             node.replace_all_uses_with(twin)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from dynamo_relational.ops import NeuronOp, describe
+from dynamo_relational.ops import NeuronOp, describe, tensor_info
 
 from . import schedule
 from .context import PassContext
@@ -57,6 +57,14 @@ def code_site(node: fx.Node) -> str:
     return trace[start + 6:end if end > 0 else None]
 
 
+def _member_numel(op: NeuronOp) -> int:
+    """The size that makes an op "large": its output, or for a stack/aggregation its largest
+    term (``torch.stack`` of thousands of small neuron rows is the pattern to vectorize)."""
+    if op.variadic:
+        return max((t.numel for t in map(tensor_info, op.operands) if t is not None), default=0)
+    return op.info.numel
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     opts = ctx.options
     units = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
@@ -64,8 +72,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     ops: list[NeuronOp | None] = []
     for node in units:
         op = describe(node) if not ctx.mutations else f"graph has in-place ops: {ctx.mutations[0]}"
-        if isinstance(op, NeuronOp) and op.info.numel > opts.max_member_numel:
-            op = f"output of {op.info.numel} elements > max_member_numel ({opts.max_member_numel})"
+        if isinstance(op, NeuronOp) and _member_numel(op) > opts.max_member_numel:
+            op = f"output of {_member_numel(op)} elements > max_member_numel ({opts.max_member_numel})"
         if isinstance(op, str):
             ctx.leave_ungrouped(node, op)
             op = None

@@ -3,10 +3,11 @@
 Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 ``alpha``) into ``acc + t``. Legal when ``acc`` is a fresh temporary: produced
 by an arithmetic op, ``torch.zeros`` or ``torch.clone`` (not a view, input or
-parameter) whose only user is the in-place op, and the result has ``acc``'s shape and dtype. Then nothing else
-can observe the mutation. Every other in-place op is recorded in
+parameter) whose only user is the in-place op, and the result has ``acc``'s
+shape and dtype. Then nothing else can observe the mutation. Every other in-place op is recorded in
 ``ctx.mutations``; the grouping pass then leaves the graph as it is, since
-grouping copies values that in-place ops may alias.
+grouping copies values that in-place ops may alias. When none is left, a
+``clone`` that is only read is replaced by its input (same value, one node less).
 """
 from __future__ import annotations
 
@@ -56,8 +57,27 @@ def _fresh_temporary(node: fx.Node, user: fx.Node) -> bool:
 
 
 def is_zeros(node) -> bool:
-    """``torch.zeros(...)`` / ``torch.zeros_like(...)``: a new tensor of zeros (an accumulator's start)."""
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in (torch.zeros, torch.zeros_like)
+    """A new tensor of zeros on every call (an accumulator's start): ``torch.zeros(...)``,
+    ``torch.zeros_like(...)``, or the constant the fast front-end records for a tensor that
+    ``forward`` builds from Python values alone (``_tensor_constant*``; a model's buffers are not)."""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_function":
+        return node.target in (torch.zeros, torch.zeros_like)
+    value = node.meta.get("example_value")
+    return (node.op == "get_attr" and node.target.startswith("_tensor_constant")
+            and isinstance(value, torch.Tensor) and not value.any())
+
+
+def _drop_read_only_clones(graph: fx.Graph) -> None:
+    """``clone(x)`` that is only read (its ``+=`` became ``+`` above) has ``x``'s value: use ``x``.
+    Called only when no in-place op is left, so nothing can change ``x`` in between."""
+    for node in list(graph.nodes):
+        if (node.op == "call_function" and node.target is torch.clone and len(node.args) == 1 and not node.kwargs
+                and isinstance(node.args[0], fx.Node)
+                and all(u.op != "output" and not is_in_place(u) for u in node.users)):
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -71,4 +91,6 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             node.op, node.target = "call_function", pure
             continue
         ctx.mutations.append(f"{node.name} ({node.target})")
+    if not ctx.mutations:
+        _drop_read_only_clones(gm.graph)
     return gm

@@ -255,7 +255,7 @@ def test_full_mutagenesis_gcn_compiles_and_matches_eager():
 
 def test_in_place_accumulator_made_in_forward_is_fresh_on_every_call():
     """``acc = torch.zeros(...); acc += ...`` traces ``acc`` as a constant: it must not accumulate across calls."""
-    from tests.test_model_styles import AccumulatorGCN
+    from examples.styles import AccumulatorGCN
 
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)

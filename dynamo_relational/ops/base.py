@@ -22,12 +22,27 @@ if TYPE_CHECKING:
     from dynamo_relational.passes.vectorize import GroupBuilder
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, init=False)
 class TensorInfo:
-    """Static shape, dtype and device of one FX node's tensor value."""
+    """Static shape, dtype and device of one FX node's tensor value.
+
+    Interned: equal infos are one object, so comparing and hashing them (which
+    the passes do a few times per FX node) is by identity."""
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+
+    def __new__(cls, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> "TensorInfo":
+        key = (tuple(shape), dtype, device)
+        info = _INTERNED.get(key)
+        if info is None:
+            info = _INTERNED[key] = super().__new__(cls)
+            for name, value in zip(("shape", "dtype", "device"), key):
+                object.__setattr__(info, name, value)
+        return info
+
+    def __reduce__(self):
+        return TensorInfo, (self.shape, self.dtype, self.device)
 
     @property
     def rank(self) -> int:
@@ -39,6 +54,9 @@ class TensorInfo:
         for s in self.shape:
             n *= s
         return n
+
+
+_INTERNED: dict[tuple, TensorInfo] = {}
 
 
 def tensor_info(node: Any) -> TensorInfo | None:

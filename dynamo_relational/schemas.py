@@ -1,0 +1,190 @@
+"""Compiled code shared across groundings whose grouped graphs have the same schema.
+
+A new grounding (another batch of molecules, the next fold, a new database
+query) changes the index tensors and sizes of the grouped graph, not its ops.
+:func:`lift` rewrites a grouped graph into a pure function of
+``(inputs, parameters, constant tensors, sizes)`` with canonical node names;
+its code is the *schema*. Graphs with the same schema share one
+``torch.compile``'d callable with dynamic shapes, so the second grounding
+skips Inductor. The reuse is never wrong: Dynamo guards on everything the
+compiled code assumed (dtypes, ranks, sizes it specialized on, grad mode) and
+compiles again when a guard fails.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from .backend import choose_executor
+from .options import Options
+from .report import GraphReport
+
+log = logging.getLogger("dynamo_relational")
+
+#: Schemas kept per process (least recently used dropped first).
+CAPACITY = 32
+
+
+@dataclass
+class Lifted:
+    """A grouped graph as a pure function: ``graph(*inputs, *values)``."""
+    graph: fx.GraphModule
+    #: parameters, constant tensors and sizes, in the order of ``graph``'s extra placeholders
+    values: list[Any]
+    #: the graph's code: equal keys mean the same ops on differently sized data
+    key: str
+
+
+def _is_size(value: Any) -> bool:
+    # 0, 1 and -1 stay literal: Dynamo specializes them anyway, and -1 means "infer".
+    return type(value) is int and value not in (-1, 0, 1)
+
+
+def lift(gm: fx.GraphModule) -> Lifted | None:
+    """``gm`` with its tensor attributes and sizes as inputs; ``None`` if it calls submodules."""
+    if any(node.op == "call_module" for node in gm.graph.nodes):
+        return None
+    attrs: dict[str, int] = {}
+    values: list[Any] = []
+
+    def collect(arg: Any) -> Any:
+        if _is_size(arg):
+            values.append(arg)
+        return arg
+
+    for node in gm.graph.nodes:   # first pass: what becomes an input, in order
+        if node.op == "get_attr" and node.target not in attrs:
+            value = _attribute(gm, node.target)
+            if not isinstance(value, torch.Tensor):
+                return None
+            attrs[node.target] = len(values)
+            values.append(value)
+        elif node.op in ("call_function", "call_method"):
+            fx.node.map_aggregate((node.args, node.kwargs), collect)
+
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(inputs):
+        env[node] = graph.placeholder(f"input{i}")
+    extra = [graph.placeholder(f"value{i}") for i in range(len(values))]
+    sizes = iter(i for i, v in enumerate(values) if not isinstance(v, torch.Tensor))
+
+    def rename(arg: Any) -> Any:
+        if isinstance(arg, fx.Node):
+            return env[arg]
+        return extra[next(sizes)] if _is_size(arg) else arg
+
+    for i, node in enumerate(gm.graph.nodes):
+        if node.op == "get_attr":
+            env[node] = extra[attrs[node.target]]
+        elif node.op in ("call_function", "call_method"):
+            args, kwargs = fx.node.map_aggregate((node.args, node.kwargs), rename)
+            env[node] = graph.create_node(node.op, node.target, args, kwargs, name=f"v{i}")
+        elif node.op == "output":
+            graph.output(fx.node.map_arg(node.args[0], env.__getitem__))
+    lifted = fx.GraphModule(torch.nn.Module(), graph)
+    return Lifted(lifted, values, graph.python_code("self").src)
+
+
+def _attribute(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+@dataclass
+class Schema:
+    """One schema's compiled code, shared by every grounding that has it."""
+    fn: Callable
+    #: how it runs: "inductor", or "aten" (the lifted graph itself) where autotuning found that faster
+    executor: str
+    #: how often the code was handed out (one per grounding and autograd mode)
+    uses: int = 0
+
+
+class SchemaCache:
+    """Per-process map from schema key to its :class:`Schema` (least recently used dropped)."""
+
+    def __init__(self, capacity: int = CAPACITY):
+        self.capacity = capacity
+        self._schemas: OrderedDict[str, Schema] = OrderedDict()
+
+    def get(self, key: str) -> Schema | None:
+        schema = self._schemas.get(key)
+        if schema is not None:
+            self._schemas.move_to_end(key)
+            schema.uses += 1
+        return schema
+
+    def put(self, key: str, schema: Schema) -> Schema:
+        self._schemas[key] = schema
+        schema.uses += 1
+        while len(self._schemas) > self.capacity:
+            self._schemas.popitem(last=False)
+        return schema
+
+    def clear(self) -> None:
+        self._schemas.clear()
+
+    def __len__(self) -> int:
+        return len(self._schemas)
+
+
+SCHEMAS = SchemaCache()
+
+
+def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options: Options, report: GraphReport,
+                    grad: bool) -> Callable:
+    """A callable running grouped graph ``gm`` on ``inputs``-like arguments, compiled for the autograd
+    need ``grad``. With ``options.reuse_compiled`` it is the shared code of ``gm``'s schema (compiled
+    now if this is the schema's first grounding); otherwise Inductor's ``compile_fx`` on ``gm``."""
+    lifted = lift(gm) if options.reuse_compiled else None
+    if lifted is None:
+        return _compile_static(gm, inputs, options, report, grad)
+    schema = SCHEMAS.get(lifted.key)
+    if schema is None:
+        args = (*inputs, *lifted.values)
+        start = time.perf_counter()
+        # Sizes are dynamic from the start; Dynamo keeps parameter shapes static
+        # (``force_parameter_static_shapes``), and traces only the small grouped graph.
+        compiled = torch.compile(lifted.graph, backend="inductor", dynamic=True)
+        try:
+            with torch.set_grad_enabled(grad):
+                compiled(*args)
+        except Exception:
+            log.warning("relational: compiling the grouped graph with dynamic sizes failed; compiling it for "
+                        "these sizes only (no reuse across groundings)", exc_info=True)
+            return _compile_static(gm, inputs, options, report, grad)
+        _add_time(report, "inductor", start)
+        fn = choose_executor(compiled, lifted.graph, args, options, report, grad)
+        schema = SCHEMAS.put(lifted.key, Schema(fn, report.stats.get("executor", "inductor")))
+    else:
+        report.stats["executor"] = schema.executor
+    report.stats["schema_uses"] = schema.uses
+    values, shared = lifted.values, schema.fn
+    return lambda *args: shared(*args, *values)
+
+
+def _compile_static(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options: Options, report: GraphReport,
+                    grad: bool) -> Callable:
+    """Inductor's ``compile_fx`` (AOT autograd inside) on a copy of ``gm``: it rewrites the graph it is given."""
+    from torch._inductor.compile_fx import compile_fx
+
+    start = time.perf_counter()
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    fn = compile_fx(fx.GraphModule(gm, graph), list(inputs))
+    _add_time(report, "inductor", start)
+    return choose_executor(fn, gm, inputs, options, report, grad)
+
+
+def _add_time(report: GraphReport, name: str, start: float) -> None:
+    report.timings[name] = report.timings.get(name, 0.0) + time.perf_counter() - start
