@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .options import Options
+from .progress import NONE as NO_PROGRESS, CompileProgress
 from .report import GraphReport, Report
 
 log = logging.getLogger("dynamo_relational")
@@ -36,7 +37,8 @@ class CompiledGraph:
     report: GraphReport
 
 
-def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False) -> tuple[fx.GraphModule, GraphReport]:
+def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
+                progress: CompileProgress = NO_PROGRESS) -> tuple[fx.GraphModule, GraphReport]:
     """Run the grouping pipeline on a Dynamo graph; returns the grouped graph and its report."""
     from dynamo_relational.passes import OPTIONAL_PASSES, PIPELINE, PassContext
 
@@ -53,6 +55,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False) ->
             continue
         # Optimizer passes rewrite in place: keep the graph they start from, to fall back to.
         backup = _copy(gm) if name in OPTIONAL_PASSES else None
+        progress.start(name)
         try:
             with ctx.timed(name):
                 gm = run_pass(gm, ctx)
@@ -69,6 +72,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False) ->
             ctx.stats.setdefault("skipped_passes", []).append(name)
             gm = backup
         ctx.node_counts[name] = len(gm.graph.nodes)
+        progress.step()
         if dump:
             dump.write(name, gm.print_readable(print_output=False))
     after_code = gm.print_readable(print_output=False) if ctx.detailed else ""
@@ -106,7 +110,16 @@ class GraphDump:
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options,
                   detailed: bool = False) -> CompiledGraph:
-    grouped, report = group_graph(gm, options, detailed)
+    from dynamo_relational.passes import PIPELINE
+
+    with CompileProgress(options.progress, len(PIPELINE) + 1) as progress:
+        grouped, report = group_graph(gm, options, detailed, progress)
+        progress.start("inductor")
+        return _compile_grouped(grouped, report, example_inputs, options)
+
+
+def _compile_grouped(grouped: fx.GraphModule, report: GraphReport, example_inputs: Sequence[Any],
+                     options: Options) -> CompiledGraph:
     start = time.perf_counter()
     if options.inductor:
         from torch._inductor.compile_fx import compile_fx

@@ -61,6 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .backend import group_graph
 from .errors import RelationalError
 from .options import Options
+from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress
 from .report import GraphReport, Report
 from .schemas import compile_grouped
 
@@ -285,8 +286,11 @@ for _name, _target in _IN_PLACE_OPERATORS.items():   # `acc += t` records operat
 class _Tracer(fx.Tracer):
     """Traces through every module; each node's value is computed as it is recorded."""
 
-    def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str]):
+    def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str],
+                 progress: CompileProgress = NO_PROGRESS):
         super().__init__()
+        self.progress = progress
+        self.nodes = 0
         self.model = model
         self.inputs = list(inputs)
         self.input_names = list(input_names)
@@ -374,6 +378,9 @@ class _Tracer(fx.Tracer):
             self._attr_nodes[target] = node
         if kind == "output":
             return node
+        self.nodes += 1
+        if self.nodes % NODE_STRIDE == 0:
+            self.progress.traced(self.nodes)
         start = time.perf_counter()
         node.meta["example_value"] = self._value(node)
         self.value_seconds += time.perf_counter() - start
@@ -532,8 +539,10 @@ class RelationalModule(nn.Module):
             if self._traced:
                 log.warning("relational: %s switched train/eval mode; tracing and compiling it again",
                             type(self.model).__name__)
-            traced = self._traced[mode] = _trace_and_group(self.model, self._example_inputs,
-                                                           [s.name for s in self._specs], self.options, self.detailed)
+            with self._progress() as progress:
+                traced = self._traced[mode] = _trace_and_group(self.model, self._example_inputs,
+                                                               [s.name for s in self._specs], self.options,
+                                                               self.detailed, progress)
         if not self.options.inductor:
             return traced, traced.graph
         needs_grad = torch.is_grad_enabled() and (any(a.requires_grad for a in args) or any(
@@ -543,9 +552,16 @@ class RelationalModule(nn.Module):
         if fn is None and key == "no_grad" and traced.compiled:
             fn = next(iter(traced.compiled.values()))   # a training graph also computes the outputs
         if fn is None:
-            fn = traced.compiled[key] = compile_grouped(traced.graph, args, self.options, traced.report,
-                                                        grad=needs_grad)
+            with CompileProgress(self.options.progress, 1) as progress:
+                progress.start("inductor")
+                fn = traced.compiled[key] = compile_grouped(traced.graph, args, self.options, traced.report,
+                                                            grad=needs_grad)
         return traced, fn
+
+    def _progress(self) -> CompileProgress:
+        from .passes import PIPELINE
+
+        return CompileProgress(self.options.progress, 1 + len(PIPELINE))
 
 
 def _input_specs(model: nn.Module, example_inputs: Sequence[Any]) -> list[_InputSpec]:
@@ -569,10 +585,12 @@ def _input_specs(model: nn.Module, example_inputs: Sequence[Any]) -> list[_Input
 
 
 def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str], options: Options,
-                     detailed: bool) -> _Traced:
+                     detailed: bool, progress: CompileProgress) -> _Traced:
     start = time.perf_counter()
-    tracer = _Tracer(model, inputs, [n.replace("[", "_").replace("]", "") for n in names])
+    tracer = _Tracer(model, inputs, [n.replace("[", "_").replace("]", "") for n in names], progress)
+    progress.start("tracing")
     graph = tracer.trace(model)
+    progress.step()
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     leaves, out_spec = pytree.tree_flatten(output.args[0])
     tensors = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
@@ -588,7 +606,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     trace_seconds = time.perf_counter() - start
 
     with _gc_paused():
-        gm, report = group_graph(gm, options, detailed)
+        gm, report = group_graph(gm, options, detailed, progress)
     for node in gm.graph.nodes:   # the values were only needed for shapes; free them
         node.meta.pop("example_value", None)
     report.timings = {"trace": trace_seconds - tracer.value_seconds, "values": tracer.value_seconds,

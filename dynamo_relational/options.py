@@ -61,6 +61,9 @@ class Options:
     #: (gathers of gathers read the original rows), ``"simplify_gathers"`` (range
     #: gathers become slices).
     disable: tuple[str, ...] = ()
+    #: Show a progress bar (tqdm, on stderr) over the compile's steps once a
+    #: compile has run for a few seconds (tracing, each pass, Inductor).
+    progress: bool = True
     #: A directory to write the graph into after every pass, as readable code
     #: (``graph001_00_input.py``, ``graph001_01_inplace.py``, ...), plus the
     #: report as ``..._summary.txt``. For debugging; slow on large graphs.

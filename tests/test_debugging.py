@@ -93,3 +93,16 @@ def test_draw_writes_a_picture(tmp_path):
     report = dynamo_relational.explain(TwoHop(), torch.randn(4, 4), inductor=False)
     report.draw(str(tmp_path / "grouped.svg"))
     assert (tmp_path / "grouped.svg").stat().st_size > 0
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_long_compiles_show_a_progress_bar_over_their_steps(enabled, monkeypatch, capsys):
+    from dynamo_relational import progress
+
+    monkeypatch.setattr(progress, "DELAY", 0.0)   # every compile counts as long here
+    model, x = TwoHop().double(), torch.randn(4, 4, dtype=torch.float64)
+    compiled = dynamo_relational.compile(model, x, inductor=False, progress=enabled)
+    torch.testing.assert_close(compiled(x), model(x))
+    err = capsys.readouterr().err
+    assert ("relational compile" in err and "cleanup" in err) == enabled
+    assert err == "" or enabled

@@ -73,5 +73,5 @@ def test_random_scalar_dag_matches_eager(program, rows, width, double, seed):
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(**dags)
 def test_thousand_random_scalar_dags_match_eager(program, rows, width, double, seed):
-    """The fuzz run: ``./test.sh -m fuzz`` (about an hour on 2 cores)."""
+    """The fuzz run: ``./test.sh -m fuzz`` (about 7 minutes on 2 cores)."""
     _check(program, rows, width, double, seed)

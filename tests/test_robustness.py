@@ -49,6 +49,30 @@ def test_rewiring_the_structure_recompiles_and_stays_right():
     torch.testing.assert_close(compiled(batch.x), model(batch.x))
 
 
+def test_past_the_recompile_limit_the_model_runs_eagerly_and_stays_right(monkeypatch):
+    """Every rewiring is a recompile; past ``recompile_limit`` Dynamo stops compiling this
+    frame and runs it eagerly: slower, never stale."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
+    model = ScalarGCN(batch, 7).double()
+    compiles = []
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(1)
+        from dynamo_relational.backend import relational
+
+        return relational(gm, example_inputs, options={"inductor": False})
+
+    compiled = torch.compile(model, backend=counting_backend)
+    rewirable = [v for v, nbrs in enumerate(model.in_nbrs) if len(nbrs) > 1]
+    for v in rewirable[:4]:
+        torch.testing.assert_close(compiled(batch.x), model(batch.x))
+        model.in_nbrs[v] = model.in_nbrs[v][1:]   # drop an edge: the guards on the lists fail
+    torch.testing.assert_close(compiled(batch.x), model(batch.x))
+    assert len(compiles) == 2
+
+
 def test_new_input_values_reuse_the_compiled_graph():
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
