@@ -7,7 +7,7 @@ its input and, for the GNNs, its PyTorch Geometric peer with the same weights.
 ``QUICK`` uses small subsets (a few minutes in all, stock torch.compile
 included); ``FULL`` uses the data sets' totals (DESIGN.md section 6), the
 2-layer GCN and GraphSAGE with hidden size 10 as in the thesis, the 5-layer GIN,
-the LRNN rule network and the TreeLSTM.
+the LRNN rule network, the TreeLSTM and the TreeRNN.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from torch import nn
 
 from examples.data import SHAPES, graph_batch, random_forest
 
-MODELS = ("gcn", "sage", "gin", "lrnn", "tree_lstm")
+MODELS = ("gcn", "sage", "gin", "lrnn", "tree_lstm", "tree_rnn")
+TREE_MODELS = ("tree_lstm", "tree_rnn")
 TREE_FEATURES = 8
 
 
@@ -26,7 +27,7 @@ TREE_FEATURES = 8
 class Built:
     model: nn.Module
     x: torch.Tensor
-    #: the PyG model with the same weights, or None (LRNN, TreeLSTM)
+    #: the PyG model with the same weights, or None (LRNN, tree models)
     peer: nn.Module | None
     #: sizes for the report: graphs/trees, nodes, edges
     size: dict
@@ -36,11 +37,11 @@ class Built:
 class Workload:
     #: one of MODELS
     model: str
-    #: data set shape for graph models (examples.data.SHAPES); "forest" for the TreeLSTM
+    #: data set shape for graph models (examples.data.SHAPES); "forest" for the tree models
     dataset: str
     #: graphs (or trees) to keep; None = the data set's total
     graphs: int | None = None
-    #: tree nodes in all (TreeLSTM only)
+    #: tree nodes in all (tree models only)
     nodes: int | None = None
 
     @property
@@ -50,8 +51,8 @@ class Workload:
 
     @property
     def name(self) -> str:
-        if self.model == "tree_lstm":
-            return f"tree_lstm/{self.graphs}x{self.nodes}"
+        if self.model in TREE_MODELS:
+            return f"{self.model}/{self.graphs}x{self.nodes}"
         return f"{self.model}/{self.dataset}" + (f"[{self.graphs}]" if self.graphs else "")
 
     def build(self, seed: int = 0) -> Built:
@@ -59,12 +60,13 @@ class Workload:
         from benchmarks.peers import peer_of
 
         torch.manual_seed(seed)
-        if self.model == "tree_lstm":
+        if self.model in TREE_MODELS:
             from examples.tree_lstm import ScalarTreeLSTM
+            from examples.tree_rnn import ScalarTreeRNN
 
             forest = random_forest(self.graphs, self.nodes, seed=seed)
             x = torch.randn(self.nodes, TREE_FEATURES)
-            model = ScalarTreeLSTM(forest, TREE_FEATURES)
+            model = (ScalarTreeLSTM if self.model == "tree_lstm" else ScalarTreeRNN)(forest, TREE_FEATURES)
             return Built(model, x, None, dict(trees=len(forest), nodes=self.nodes,
                                               edges=self.nodes - len(forest)))
         batch = graph_batch(self.dataset, self.graphs, seed=seed)
@@ -90,7 +92,7 @@ class Workload:
     def parse(cls, name: str) -> "Workload":
         """The inverse of :attr:`name`: ``gcn/mutagenesis``, ``gin/enzymes[20]``, ``tree_lstm/10x100``."""
         model, _, rest = name.partition("/")
-        if model == "tree_lstm":
+        if model in TREE_MODELS:
             trees, _, nodes = rest.partition("x")
             return cls(model, "forest", int(trees), int(nodes))
         dataset, _, graphs = rest.partition("[")
@@ -105,10 +107,12 @@ QUICK = (
     Workload("gin", "mutagenesis", 2),
     Workload("lrnn", "mutagenesis", 3),
     Workload("tree_lstm", "forest", 3, 30),
+    Workload("tree_rnn", "forest", 3, 30),
 )
 
 FULL = tuple(Workload(m, d) for m in ("gcn", "sage", "gin", "lrnn") for d in GRAPH_DATASETS) + (
     Workload("tree_lstm", "forest", 100, 3000),
+    Workload("tree_rnn", "forest", 100, 3000),
 )
 
 

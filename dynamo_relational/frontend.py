@@ -549,8 +549,9 @@ class RelationalModule(nn.Module):
             p.requires_grad for p in traced.graph.parameters()))
         key = ("grad", tuple(a.requires_grad for a in args)) if needs_grad else "no_grad"
         fn = traced.compiled.get(key)
-        if fn is None and key == "no_grad" and traced.compiled:
-            fn = next(iter(traced.compiled.values()))   # a training graph also computes the outputs
+        if fn is None and key == "no_grad" and traced.compiled and not self.options.reuse_compiled:
+            # compile_fx's training graph also computes the outputs (Dynamo's code would recompile instead)
+            fn = next(iter(traced.compiled.values()))
         if fn is None:
             with CompileProgress(self.options.progress, 1) as progress:
                 progress.start("inductor")

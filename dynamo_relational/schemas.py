@@ -111,20 +111,20 @@ class Schema:
 
 
 class SchemaCache:
-    """Per-process map from schema key to its :class:`Schema` (least recently used dropped)."""
+    """Per-process map from (schema key, grad) to its :class:`Schema` (least recently used dropped)."""
 
     def __init__(self, capacity: int = CAPACITY):
         self.capacity = capacity
-        self._schemas: OrderedDict[str, Schema] = OrderedDict()
+        self._schemas: OrderedDict[tuple[str, bool], Schema] = OrderedDict()
 
-    def get(self, key: str) -> Schema | None:
+    def get(self, key: tuple[str, bool]) -> Schema | None:
         schema = self._schemas.get(key)
         if schema is not None:
             self._schemas.move_to_end(key)
             schema.uses += 1
         return schema
 
-    def put(self, key: str, schema: Schema) -> Schema:
+    def put(self, key: tuple[str, bool], schema: Schema) -> Schema:
         self._schemas[key] = schema
         schema.uses += 1
         while len(self._schemas) > self.capacity:
@@ -149,7 +149,8 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
     lifted = lift(gm) if options.reuse_compiled else None
     if lifted is None:
         return _compile_static(gm, inputs, options, report, grad)
-    schema = SCHEMAS.get(lifted.key)
+    key = (lifted.key, grad)   # the executor is autotuned per autograd need
+    schema = SCHEMAS.get(key)
     if schema is None:
         args = (*inputs, *lifted.values)
         start = time.perf_counter()
@@ -165,7 +166,7 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
             return _compile_static(gm, inputs, options, report, grad)
         _add_time(report, "inductor", start)
         fn = choose_executor(compiled, lifted.graph, args, options, report, grad)
-        schema = SCHEMAS.put(lifted.key, Schema(fn, report.stats.get("executor", "inductor")))
+        schema = SCHEMAS.put(key, Schema(fn, report.stats.get("executor", "inductor")))
     else:
         report.stats["executor"] = schema.executor
     report.stats["schema_uses"] = schema.uses

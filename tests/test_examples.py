@@ -9,6 +9,7 @@ from examples.lrnn import ScalarLRNN
 from examples.rgcn import ScalarRGCN
 from examples.sage import ScalarSAGE
 from examples.tree_lstm import ScalarTreeLSTM
+from examples.tree_rnn import ScalarTreeRNN
 from tests.conftest import assert_compiled_matches_eager
 
 BUILDERS = {
@@ -32,9 +33,10 @@ def test_graph_example_matches_eager(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_tree_lstm_matches_eager(dtype):
+@pytest.mark.parametrize("tree_model", [ScalarTreeLSTM, ScalarTreeRNN])
+def test_tree_model_matches_eager(tree_model, dtype):
     torch.manual_seed(0)
-    model = ScalarTreeLSTM(random_forest(4, 30), 6).to(dtype)
+    model = tree_model(random_forest(4, 30), 6).to(dtype)
     report = assert_compiled_matches_eager(model, torch.randn(30, 6, dtype=dtype), inductor=False)
     assert report.nodes_after < report.nodes_before / 2
     assert report.groups <= 1.2 * report.lower_bound
