@@ -49,10 +49,10 @@ def test_rewiring_the_structure_recompiles_and_stays_right():
     torch.testing.assert_close(compiled(batch.x), model(batch.x))
 
 
-def test_past_the_recompile_limit_the_model_runs_eagerly_and_stays_right(monkeypatch):
+@torch._dynamo.config.patch(recompile_limit=2)
+def test_past_the_recompile_limit_the_model_runs_eagerly_and_stays_right():
     """Every rewiring is a recompile; past ``recompile_limit`` Dynamo stops compiling this
     frame and runs it eagerly: slower, never stale."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
     model = ScalarGCN(batch, 7).double()
