@@ -163,4 +163,5 @@ def _prepare_relational_fast(model: nn.Module, x: torch.Tensor, options: dict) -
     if report is not None:
         times = _split(times, report.pass_timings, compile_call + times["first_forward"] + times["first_inference"])
         times["fx_nodes_before"], times["fx_nodes_after"] = report.nodes_before, report.nodes_after
+        times["executors"] = report.graphs[0].stats.get("executors")   # autotuned: "inductor" or "aten"
     return Prepared("relational_fast", fn, model, times)

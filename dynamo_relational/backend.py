@@ -149,6 +149,7 @@ def choose_executor(inductor_fn: Callable, aten: Callable, inputs: Sequence[Any]
     choice, medians = fastest({"inductor": inductor_fn, "aten": aten}, inputs, grad)
     report.timings["autotune"] = time.perf_counter() - start
     report.stats["executor"] = choice
+    report.stats.setdefault("executors", {})["grad" if grad else "no_grad"] = choice
     report.stats["executor_ms"] = medians
     log.info("relational: runs the grouped graph with %s (measured ms: %s)", choice, medians)
     return aten if choice == "aten" else inductor_fn

@@ -169,6 +169,7 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
         schema = SCHEMAS.put(key, Schema(fn, report.stats.get("executor", "inductor")))
     else:
         report.stats["executor"] = schema.executor
+        report.stats.setdefault("executors", {})["grad" if grad else "no_grad"] = schema.executor
     report.stats["schema_uses"] = schema.uses
     values, shared = lifted.values, schema.fn
     return lambda *args: shared(*args, *values)
