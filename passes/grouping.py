@@ -100,11 +100,18 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     hints = (True, False) if opts.code_site_hint else (False,)
     algorithms = {"asap": schedule.asap, "agenda": schedule.agenda}
     names = ["asap", "agenda"] if opts.scheduler == "auto" else [opts.scheduler]
+    # No schedule has fewer groups than signatures (plus ungroupable nodes) or than the longest path:
+    # once a candidate reaches that, the later ones cannot win the min below.
+    floor = max(max(depth, default=-1) + 1, len(set(k for k in keys if k is not None)) + keys.count(None))
     for hint in hints:
         sigs = keys if not hint else [None if k is None else (k, code_site(units[i])) for i, k in enumerate(keys)]
         for name in names:
             groups = algorithms[name](preds, sigs, depth)
             candidates.append((len(groups), len(candidates), f"{name}{'+site' if hint else ''}", groups))
+            if len(groups) <= floor:
+                break
+        if candidates[-1][0] <= floor:
+            break
     count, _, chosen, groups = min(candidates)
     ctx.groups = [Group([units[i] for i in g], [ops[i] for i in g] if ops[g[0]] is not None else None)
                   for g in groups]
