@@ -29,7 +29,8 @@ class Options:
     #: between graphs whose grouped graphs have the same ops (another batch,
     #: the next fold): index tensors and sizes become inputs of code compiled
     #: with dynamic shapes, so a new grounding skips Inductor. ``False``
-    #: compiles every grouped graph for its own sizes.
+    #: compiles every grouped graph for its own sizes (faster for a single
+    #: grounding of a deep model: docs/frontend.md, "Reuse across groundings").
     reuse_compiled: bool = True
     #: Group per-neuron nodes at all. ``False`` passes Dynamo's graph straight
     #: to the final compiler (stock behaviour), for comparisons.
