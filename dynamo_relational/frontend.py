@@ -465,6 +465,8 @@ class _Traced:
     constants: dict[int, Any]
     #: compiled callables by autograd need: ("grad", requires_grad flags of the inputs) or "no_grad"
     compiled: dict[Any, Callable] = field(default_factory=dict)
+    #: keys of ``compiled`` whose code is shared across groundings (dynamic sizes)
+    shared: set = field(default_factory=set)
 
 
 class RelationalModule(nn.Module):
@@ -549,14 +551,16 @@ class RelationalModule(nn.Module):
             p.requires_grad for p in traced.graph.parameters()))
         key = ("grad", tuple(a.requires_grad for a in args)) if needs_grad else "no_grad"
         fn = traced.compiled.get(key)
-        if fn is None and key == "no_grad" and traced.compiled and not self.options.reuse_compiled:
-            # compile_fx's training graph also computes the outputs (Dynamo's code would recompile instead)
-            fn = next(iter(traced.compiled.values()))
+        if fn is None and key == "no_grad":
+            # compile_fx's training graph also computes the outputs (shared Dynamo code would recompile)
+            fn = next((f for k, f in traced.compiled.items() if k not in traced.shared), None)
         if fn is None:
             with CompileProgress(self.options.progress, 1) as progress:
                 progress.start("inductor")
-                fn = traced.compiled[key] = compile_grouped(traced.graph, args, self.options, traced.report,
-                                                            grad=needs_grad)
+                fn, shared = compile_grouped(traced.graph, args, self.options, traced.report, grad=needs_grad)
+            traced.compiled[key] = fn
+            if shared:
+                traced.shared.add(key)
         return traced, fn
 
     def _progress(self) -> CompileProgress:

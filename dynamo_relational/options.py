@@ -27,10 +27,10 @@ class Options:
     autotune: bool = True
     #: Fast front-end (:func:`dynamo_relational.compile`): share compiled code
     #: between graphs whose grouped graphs have the same ops (another batch,
-    #: the next fold): index tensors and sizes become inputs of code compiled
-    #: with dynamic shapes, so a new grounding skips Inductor. ``False``
-    #: compiles every grouped graph for its own sizes (faster for a single
-    #: grounding of a deep model: docs/frontend.md, "Reuse across groundings").
+    #: the next fold). The first grounding gets code for its own sizes; the
+    #: second compiles code with dynamic sizes (index tensors and sizes as
+    #: inputs) that later groundings reuse without Inductor. ``False``
+    #: compiles every grounding for its own sizes (docs/frontend.md).
     reuse_compiled: bool = True
     #: Group per-neuron nodes at all. ``False`` passes Dynamo's graph straight
     #: to the final compiler (stock behaviour), for comparisons.

@@ -4,9 +4,10 @@ A new grounding (another batch of molecules, the next fold, a new database
 query) changes the index tensors and sizes of the grouped graph, not its ops.
 :func:`lift` rewrites a grouped graph into a pure function of
 ``(inputs, parameters, constant tensors, sizes)`` with canonical node names;
-its code is the *schema*. Graphs with the same schema share one
-``torch.compile``'d callable with dynamic shapes, so the second grounding
-skips Inductor. The reuse is never wrong: Dynamo guards on everything the
+its code is the *schema*. From the second grounding on, graphs with the same
+schema share one ``torch.compile``'d callable with dynamic shapes, so the
+third and later groundings skip Inductor (the first gets static code, which
+compiles fastest). The reuse is never wrong: Dynamo guards on everything the
 compiled code assumed (dtypes, ranks, sizes it specialized on, grad mode) and
 compiles again when a guard fails.
 """
@@ -103,10 +104,11 @@ def _attribute(gm: fx.GraphModule, target: str) -> Any:
 @dataclass
 class Schema:
     """One schema's compiled code, shared by every grounding that has it."""
-    fn: Callable
+    #: the shared code; None while only one grounding has been seen (it got static code)
+    fn: Callable | None = None
     #: how it runs: "inductor", or "aten" (the lifted graph itself) where autotuning found that faster
-    executor: str
-    #: how often the code was handed out (one per grounding and autograd mode)
+    executor: str = "inductor"
+    #: how often the schema was looked up (one per grounding and autograd mode)
     uses: int = 0
 
 
@@ -142,20 +144,28 @@ SCHEMAS = SchemaCache()
 
 
 def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options: Options, report: GraphReport,
-                    grad: bool) -> Callable:
+                    grad: bool) -> tuple[Callable, bool]:
     """A callable running grouped graph ``gm`` on ``inputs``-like arguments, compiled for the autograd
-    need ``grad``. With ``options.reuse_compiled`` it is the shared code of ``gm``'s schema (compiled
-    now if this is the schema's first grounding); otherwise Inductor's ``compile_fx`` on ``gm``."""
+    need ``grad``, and whether it is code shared across groundings.
+
+    As Dynamo's automatic dynamic shapes do: the first grounding of a schema
+    gets Inductor's ``compile_fx`` for its own sizes (static code compiles
+    fastest); the second compiles code with dynamic sizes, which it and every
+    later grounding share. ``options.reuse_compiled=False`` always compiles static code."""
     lifted = lift(gm) if options.reuse_compiled else None
     if lifted is None:
-        return _compile_static(gm, inputs, options, report, grad)
+        return _compile_static(gm, inputs, options, report, grad), False
     key = (lifted.key, grad)   # the executor is autotuned per autograd need
     schema = SCHEMAS.get(key)
     if schema is None:
+        SCHEMAS.put(key, Schema())
+        report.stats["schema_uses"] = 1
+        return _compile_static(gm, inputs, options, report, grad), False
+    if schema.fn is None:
         args = (*inputs, *lifted.values)
         start = time.perf_counter()
-        # Sizes are dynamic from the start; Dynamo keeps parameter shapes static
-        # (``force_parameter_static_shapes``), and traces only the small grouped graph.
+        # Parameter shapes stay static (Dynamo's ``force_parameter_static_shapes``); Dynamo traces
+        # only the small grouped graph.
         compiled = torch.compile(lifted.graph, backend="inductor", dynamic=True)
         try:
             with torch.set_grad_enabled(grad):
@@ -163,16 +173,16 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
         except Exception:
             log.warning("relational: compiling the grouped graph with dynamic sizes failed; compiling it for "
                         "these sizes only (no reuse across groundings)", exc_info=True)
-            return _compile_static(gm, inputs, options, report, grad)
+            return _compile_static(gm, inputs, options, report, grad), False
         _add_time(report, "inductor", start)
-        fn = choose_executor(compiled, lifted.graph, args, options, report, grad)
-        schema = SCHEMAS.put(key, Schema(fn, report.stats.get("executor", "inductor")))
+        schema.fn = choose_executor(compiled, lifted.graph, args, options, report, grad)
+        schema.executor = report.stats.get("executor", "inductor")
     else:
         report.stats["executor"] = schema.executor
         report.stats.setdefault("executors", {})["grad" if grad else "no_grad"] = schema.executor
     report.stats["schema_uses"] = schema.uses
     values, shared = lifted.values, schema.fn
-    return lambda *args: shared(*args, *values)
+    return (lambda *args: shared(*args, *values)), True
 
 
 def _compile_static(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options: Options, report: GraphReport,
