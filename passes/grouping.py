@@ -73,7 +73,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node in units:
         op = describe(node) if not ctx.mutations else f"graph has in-place ops: {ctx.mutations[0]}"
         if isinstance(op, NeuronOp) and _member_numel(op) > opts.max_member_numel:
-            op = f"output of {_member_numel(op)} elements > max_member_numel ({opts.max_member_numel})"
+            op = f"{_member_numel(op)} elements per neuron > max_member_numel ({opts.max_member_numel})"
         if isinstance(op, str):
             ctx.leave_ungrouped(node, op)
             op = None
