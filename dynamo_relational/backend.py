@@ -24,7 +24,7 @@ import torch.fx as fx
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .options import Options
-from .progress import NONE as NO_PROGRESS, CompileProgress
+from .progress import NONE as NO_PROGRESS, CompileProgress, compile_progress
 from .report import GraphReport, Report
 
 log = logging.getLogger("dynamo_relational")
@@ -110,9 +110,7 @@ class GraphDump:
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Options,
                   detailed: bool = False) -> CompiledGraph:
-    from dynamo_relational.passes import PIPELINE
-
-    with CompileProgress(options.progress, len(PIPELINE) + 1) as progress:
+    with compile_progress(options.progress) as progress:
         grouped, report = group_graph(gm, options, detailed, progress)
         progress.start("inductor")
         return _compile_grouped(grouped, report, example_inputs, options)
@@ -120,19 +118,25 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
 
 def _compile_grouped(grouped: fx.GraphModule, report: GraphReport, example_inputs: Sequence[Any],
                      options: Options) -> CompiledGraph:
-    start = time.perf_counter()
     if options.inductor:
-        from torch._inductor.compile_fx import compile_fx
-
-        aten = _copy(grouped)  # compile_fx rewrites the graph it is given
-        fn = compile_fx(grouped, list(example_inputs))
-        report.timings["inductor"] = time.perf_counter() - start
-        fn = choose_executor(fn, aten, example_inputs, options, report)
+        fn = compile_static(grouped, example_inputs, options, report)
     else:
         fn = grouped
-        report.timings["no_inductor"] = time.perf_counter() - start
+        report.timings["no_inductor"] = 0.0   # nothing compiled (the key keeps it out of the passes' times)
     log.info("relational: %d -> %d FX nodes in %d groups", report.nodes_before, report.nodes_after, report.groups)
     return CompiledGraph(fn, grouped, report)
+
+
+def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, report: GraphReport,
+                   grad: bool = False) -> Callable:
+    """Inductor's ``compile_fx`` (AOT autograd inside) on a copy of ``gm`` (it rewrites the graph it
+    is given), for ``inputs``' sizes; then the executor choice between that code and ``gm`` itself."""
+    from torch._inductor.compile_fx import compile_fx
+
+    start = time.perf_counter()
+    fn = compile_fx(_copy(gm), list(inputs))
+    report.add_time("inductor", start)
+    return choose_executor(fn, gm, inputs, options, report, grad)
 
 
 def choose_executor(inductor_fn: Callable, aten: Callable, inputs: Sequence[Any], options: Options,

@@ -61,7 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .backend import group_graph
 from .errors import RelationalError
 from .options import Options
-from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress
+from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress, compile_progress
 from .report import GraphReport, Report
 from .schemas import compile_grouped
 
@@ -541,7 +541,7 @@ class RelationalModule(nn.Module):
             if self._traced:
                 log.warning("relational: %s switched train/eval mode; tracing and compiling it again",
                             type(self.model).__name__)
-            with self._progress() as progress:
+            with compile_progress(self.options.progress) as progress:
                 traced = self._traced[mode] = _trace_and_group(self.model, self._example_inputs,
                                                                [s.name for s in self._specs], self.options,
                                                                self.detailed, progress)
@@ -562,11 +562,6 @@ class RelationalModule(nn.Module):
             if shared:
                 traced.shared.add(key)
         return traced, fn
-
-    def _progress(self) -> CompileProgress:
-        from .passes import PIPELINE
-
-        return CompileProgress(self.options.progress, 1 + len(PIPELINE))
 
 
 def _input_specs(model: nn.Module, example_inputs: Sequence[Any]) -> list[_InputSpec]:

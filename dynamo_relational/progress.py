@@ -57,3 +57,10 @@ class CompileProgress:
 
 
 NONE = CompileProgress(False, 0)
+
+
+def compile_progress(enabled: bool) -> CompileProgress:
+    """A bar over one compile: its first step (tracing, or Inductor after the passes) and each pass."""
+    from dynamo_relational.passes import PIPELINE
+
+    return CompileProgress(enabled, 1 + len(PIPELINE))

@@ -1,6 +1,7 @@
 """What the backend did to each graph: node counts, groups, quality, timings."""
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,10 @@ class GraphReport:
     stats: dict[str, Any] = field(default_factory=dict)
     #: the grouped graph module (for drawing); set by the backend
     graph_module: Any = None
+
+    def add_time(self, name: str, start: float) -> None:
+        """Add the seconds since ``start`` (``time.perf_counter()``) to timing ``name``."""
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - start
 
     @classmethod
     def from_context(cls, ctx, nodes_before: int, nodes_after: int, before: str, after: str) -> "GraphReport":

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from .backend import choose_executor
+from .backend import choose_executor, compile_static
 from .options import Options
 from .report import GraphReport
 
@@ -154,13 +154,13 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
     later grounding share. ``options.reuse_compiled=False`` always compiles static code."""
     lifted = lift(gm) if options.reuse_compiled else None
     if lifted is None:
-        return _compile_static(gm, inputs, options, report, grad), False
+        return compile_static(gm, inputs, options, report, grad), False
     key = (lifted.key, grad)   # the executor is autotuned per autograd need
     schema = SCHEMAS.get(key)
     if schema is None:
         SCHEMAS.put(key, Schema())
         report.stats["schema_uses"] = 1
-        return _compile_static(gm, inputs, options, report, grad), False
+        return compile_static(gm, inputs, options, report, grad), False
     if schema.fn is None:
         args = (*inputs, *lifted.values)
         start = time.perf_counter()
@@ -173,8 +173,8 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
         except Exception:
             log.warning("relational: compiling the grouped graph with dynamic sizes failed; compiling it for "
                         "these sizes only (no reuse across groundings)", exc_info=True)
-            return _compile_static(gm, inputs, options, report, grad), False
-        _add_time(report, "inductor", start)
+            return compile_static(gm, inputs, options, report, grad), False
+        report.add_time("inductor", start)
         schema.fn = choose_executor(compiled, lifted.graph, args, options, report, grad)
         schema.executor = report.stats.get("executor", "inductor")
     else:
@@ -183,20 +183,3 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
     report.stats["schema_uses"] = schema.uses
     values, shared = lifted.values, schema.fn
     return (lambda *args: shared(*args, *values)), True
-
-
-def _compile_static(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options: Options, report: GraphReport,
-                    grad: bool) -> Callable:
-    """Inductor's ``compile_fx`` (AOT autograd inside) on a copy of ``gm``: it rewrites the graph it is given."""
-    from torch._inductor.compile_fx import compile_fx
-
-    start = time.perf_counter()
-    graph = fx.Graph()
-    graph.output(graph.graph_copy(gm.graph, {}))
-    fn = compile_fx(fx.GraphModule(gm, graph), list(inputs))
-    _add_time(report, "inductor", start)
-    return choose_executor(fn, gm, inputs, options, report, grad)
-
-
-def _add_time(report: GraphReport, name: str, start: float) -> None:
-    report.timings[name] = report.timings.get(name, 0.0) + time.perf_counter() - start

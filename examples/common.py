@@ -63,3 +63,16 @@ def run_graph_example(title: str, build, name: str = "mutagenesis", graphs: int 
     print_result(f"{title} on {name} ({batch.num_graphs} graphs, {batch.num_nodes} nodes, "
                  f"{len(batch.edges)} edges)", result)
     return result
+
+
+def run_tree_example(title: str, build, trees: int = 50, nodes: int = 500, features: int = 8) -> dict:
+    """Build ``build(forest, features)`` over ``trees`` random trees of ``nodes`` nodes in all,
+    compare and print."""
+    from examples.data import random_forest
+
+    torch.manual_seed(0)
+    forest = random_forest(trees, nodes)
+    x = torch.randn(nodes, features)
+    result = compare(build(forest, features), x)
+    print_result(f"{title} over {trees} random trees ({nodes} nodes)", result)
+    return result

@@ -9,8 +9,7 @@ import sys
 import torch
 from torch import nn
 
-from examples.common import compare, print_result
-from examples.data import random_forest
+from examples.common import run_tree_example
 
 
 class ScalarTreeLSTM(nn.Module):
@@ -47,12 +46,7 @@ class ScalarTreeLSTM(nn.Module):
 
 
 def main(trees: int = 50, nodes: int = 500) -> dict:
-    torch.manual_seed(0)
-    forest = random_forest(trees, nodes)
-    x = torch.randn(nodes, 8)
-    result = compare(ScalarTreeLSTM(forest, 8), x)
-    print_result(f"TreeLSTM over {trees} random trees ({nodes} nodes)", result)
-    return result
+    return run_tree_example("TreeLSTM", ScalarTreeLSTM, trees, nodes)
 
 
 if __name__ == "__main__":

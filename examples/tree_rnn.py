@@ -12,8 +12,7 @@ import sys
 import torch
 from torch import nn
 
-from examples.common import compare, print_result
-from examples.data import random_forest
+from examples.common import run_tree_example
 
 
 class ScalarTreeRNN(nn.Module):
@@ -36,12 +35,7 @@ class ScalarTreeRNN(nn.Module):
 
 
 def main(trees: int = 50, nodes: int = 500) -> dict:
-    torch.manual_seed(0)
-    forest = random_forest(trees, nodes)
-    x = torch.randn(nodes, 8)
-    result = compare(ScalarTreeRNN(forest, 8), x)
-    print_result(f"TreeRNN over {trees} random trees ({nodes} nodes)", result)
-    return result
+    return run_tree_example("TreeRNN", ScalarTreeRNN, trees, nodes)
 
 
 if __name__ == "__main__":

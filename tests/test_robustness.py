@@ -12,6 +12,20 @@ def _compile(model, **options):
     return torch.compile(model, backend="relational", options={"strict": True, **options})
 
 
+def _counting_compile(model):
+    """``model`` compiled with the relational backend (grouped graph run eagerly), and the list
+    that gets one entry per graph Dynamo hands to the backend."""
+    from dynamo_relational.backend import relational
+
+    compiles = []
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(1)
+        return relational(gm, example_inputs, options={"inductor": False})
+
+    return torch.compile(model, backend=counting_backend), compiles
+
+
 def test_two_compiled_models_do_not_interfere():
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=3)
@@ -56,15 +70,7 @@ def test_past_the_recompile_limit_the_model_runs_eagerly_and_stays_right():
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
     model = ScalarGCN(batch, 7).double()
-    compiles = []
-
-    def counting_backend(gm, example_inputs):
-        compiles.append(1)
-        from dynamo_relational.backend import relational
-
-        return relational(gm, example_inputs, options={"inductor": False})
-
-    compiled = torch.compile(model, backend=counting_backend)
+    compiled, compiles = _counting_compile(model)
     rewirable = [v for v, nbrs in enumerate(model.in_nbrs) if len(nbrs) > 1]
     for v in rewirable[:4]:
         torch.testing.assert_close(compiled(batch.x), model(batch.x))
@@ -77,15 +83,7 @@ def test_new_input_values_reuse_the_compiled_graph():
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
     model = ScalarGCN(batch, 7).double()
-    counts = []
-
-    def counting_backend(gm, example_inputs):
-        counts.append(1)
-        from dynamo_relational.backend import relational
-
-        return relational(gm, example_inputs, options={"inductor": False})
-
-    compiled = torch.compile(model, backend=counting_backend)
+    compiled, counts = _counting_compile(model)
     for _ in range(3):
         x = torch.randn_like(batch.x)
         torch.testing.assert_close(compiled(x), model(x))
