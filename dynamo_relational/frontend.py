@@ -55,6 +55,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -602,7 +603,8 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                                 "or tuples, lists and dicts of tensors and Python constants")
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
     _copy_mutated_constants(graph)
-    gm = fx.GraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
+    # lazy: Python code for the ungrouped graph (tens of thousands of lines) is never needed
+    gm = _LazyGraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
     trace_seconds = time.perf_counter() - start
 
     with _gc_paused():
