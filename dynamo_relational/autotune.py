@@ -12,6 +12,7 @@ backward graph is mostly the same extern kernels either way).
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any, Callable, Sequence
@@ -25,13 +26,19 @@ def fastest(candidates: dict[str, Callable], inputs: Sequence[Any],
             grad: bool = False) -> tuple[str, dict[str, float]]:
     """The name of the fastest candidate and every candidate's median forward time in milliseconds.
     ``grad`` runs the forwards with autograd recording (their outputs are dropped, never backpropagated)."""
-    times: dict[str, list[float]] = {name: [] for name in candidates}
     with torch.set_grad_enabled(grad):
-        for round_ in range(ROUNDS + 1):
-            for name, fn in candidates.items():
-                start = time.perf_counter()
-                fn(*inputs)
-                if round_:  # the first round warms up (allocations, caches)
-                    times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        medians = median_ms({name: functools.partial(fn, *inputs) for name, fn in candidates.items()})
     return min(medians, key=medians.get), medians
+
+
+def median_ms(calls: dict[str, Callable[[], Any]], rounds: int = ROUNDS) -> dict[str, float]:
+    """Median milliseconds of each zero-argument call over ``rounds`` rounds that call each once, in
+    turn (so that they share the machine's noise), after one warm-up round (allocations, caches)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for round_ in range(rounds + 1):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}

@@ -19,11 +19,14 @@ class Options:
     #: Hand the grouped graph to Inductor (``compile_fx``). ``False`` runs the
     #: grouped graph eagerly, which is handy for debugging the grouping itself.
     inductor: bool = True
-    #: With Inductor on, also time the grouped graph run as plain ATen calls on
-    #: the example inputs (the forward pass) and keep whichever is faster: on CPU, graphs of a few large gathers,
-    #: products and segment reductions often run faster unfused. The choice
-    #: and the times are in the report (``stats["executor"]``). The timing costs
-    #: a few runs of the graph at compile time.
+    #: Choose by timing on this machine. The ``linear_layout`` pass times each
+    #: large ``linear`` in its two memory layouts (on CPU); with Inductor on, the
+    #: grouped graph run as plain ATen calls is timed against Inductor's code on
+    #: the example inputs (the forward pass) and the faster kept: on CPU, graphs
+    #: of a few large gathers, products and segment reductions often run faster
+    #: unfused. Choices and times are in the report (``stats["executor"]``,
+    #: ``stats["linear_layout"]``; printed by ``explain()``). The timing costs a
+    #: few runs of the graph, and of each distinct linear shape, at compile time.
     autotune: bool = True
     #: Fast front-end (:func:`dynamo_relational.compile`): share compiled code
     #: between graphs whose grouped graphs have the same ops (another batch,
@@ -60,7 +63,8 @@ class Options:
     #: Optimizer passes to skip, by name (see ``dynamo_relational.passes.OPTIONAL_PASSES``):
     #: ``"postpone_gathers"`` (row-wise ops before gathers), ``"compose_gathers"``
     #: (gathers of gathers read the original rows), ``"simplify_gathers"`` (range
-    #: gathers become slices).
+    #: gathers become slices), ``"linear_layout"`` (tall, narrow ``linear`` run as
+    #: the transposed product where timing shows it faster; only with ``autotune``).
     disable: tuple[str, ...] = ()
     #: Show a progress bar (tqdm, on stderr) over the compile's steps once a
     #: compile has run for a few seconds (tracing, each pass, Inductor).

@@ -141,8 +141,20 @@ class Report:
             for family, size, _ in g.group_sizes:
                 sizes[family] += size
             rows += [(f"graph {i}: {family} nodes grouped", n) for family, n in sizes.most_common()]
+            rows += [(f"graph {i}: {key}", value) for key, value in _choices(g.stats)]
         rows += [(f"left ungrouped: {reason}", n) for reason, n in self.ungrouped.most_common(10)]
         width = max(len(str(k)) for k, _ in rows)
         lines = ["dynamo_relational report", "-" * (width + 14)]
         lines += [f"{k:<{width}}  {v:>10}" for k, v in rows]
         return "\n".join(lines)
+
+
+def _choices(stats: dict[str, Any]) -> list[tuple[str, str]]:
+    """The choices made by timing, with the measured times (``explain()`` prints them)."""
+    rows = [(f"linear layout {c['node']} [{c['shape']}]",
+             f"{c['layout']} (plain {c['plain_ms']:.3f} ms, transposed {c['transposed_ms']:.3f} ms)")
+            for c in stats.get("linear_layout", [])]
+    if "executor" in stats:
+        times = ", ".join(f"{name} {ms:.3f} ms" for name, ms in stats.get("executor_ms", {}).items())
+        rows.append(("executor", f"{stats['executor']} ({times})"))
+    return rows

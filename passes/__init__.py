@@ -4,7 +4,7 @@ Each pass is one module with ``run(graph_module, ctx) -> graph_module``.
 The first five build the vectorized graph; the rest optimize it and can be
 switched off one by one with ``options={"disable": ("name", ...)}``.
 """
-from . import (aggregation, cleanup, compose_gathers, cse, grouping, inplace, postpone_gathers,
+from . import (aggregation, cleanup, compose_gathers, cse, grouping, inplace, linear_layout, postpone_gathers,
                simplify_gathers, vectorize)
 from .context import PassContext
 
@@ -18,10 +18,11 @@ PIPELINE = (
     ("postpone_gathers", postpone_gathers.run),  # f(x[I]) -> f(x)[I] for row-wise f
     ("compose_gathers", compose_gathers.run),    # gathers of gathers read the original rows
     ("simplify_gathers", simplify_gathers.run),  # identity / range gathers -> views
+    ("linear_layout", linear_layout.run),  # tall, narrow linear -> (W x^T)^T where measured faster
     ("cleanup", cleanup.run),        # dead code, reshape chains, lint
 )
 
 #: the optimizer passes that ``options["disable"]`` may name
-OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers")
+OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers", "linear_layout")
 
 __all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]
