@@ -14,7 +14,7 @@ product can be several times slower than for the transposed problem (MKL,
 one thread, N = 10: 4-12x for K = 7..64, M = 3,000..30,000), while for other
 widths the plain call wins; no rule on the shape predicts it. So the pass
 times both forms, forward and forward+backward, on random data of each
-linear's shape (once per shape and process) and rewrites where the
+linear's shape (once per shape and process, rows rounded up to a power of two) and rewrites where the
 transposed form takes at most ``1 - MARGIN`` of the plain one's time. The
 measurements are in the report (``stats["linear_layout"]``, printed by
 ``explain()``).
@@ -63,7 +63,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         info = tensor_info(node)
         contiguous = not _layout_free(node)
         x_grad = x.op not in ("placeholder", "get_attr")   # inputs and constants need no gradient
-        key = (*shapes, bias is not None, x_grad, contiguous, info.dtype)
+        m, k, n = shapes
+        # rows rounded up to a power of two: one measurement serves similar sizes, so the next
+        # grounding (another batch) makes the same choice and can share compiled code
+        key = (1 << (m - 1).bit_length(), k, n, bias is not None, x_grad, contiguous, info.dtype)
         plain, transposed = _MEASURED.get(key) or _MEASURED.setdefault(key, _measure(*key))
         chosen = transposed <= (1 - MARGIN) * plain
         choices.append(dict(node=node.name, shape="x".join(map(str, shapes)), plain_ms=round(plain, 4),
