@@ -1,6 +1,8 @@
 """Scaling plots of a sweep (``python -m benchmarks --sweep``): log-log compile time and
 run time against model size, one line per system.
 
+The compile panel also draws the relational systems' grouping and passes
+alone (dotted), the part whose growth issue 6 asks to be near linear.
 Points that were not measured (``> cap``, failures) are left out; the compile
 cap is drawn as a horizontal line, so a system whose line stops below it ran
 into the cap at the next size.
@@ -25,8 +27,11 @@ def plot_scaling(results: dict, out: Path) -> Path:
         n = neurons(Workload.parse(w["name"]), w["size"])
         for system, e in w["systems"].items():
             s = series.setdefault(system, dict(compile=[], forward=[], forward_backward=[]))
-            if (e.get("compile") or {}).get("total") is not None and e.get("status") == "ok":
-                s["compile"].append((n, e["compile"]["total"]))
+            compile_ = e.get("compile") or {}
+            if compile_.get("total") is not None and e.get("status") == "ok":
+                s["compile"].append((n, compile_["total"]))
+                if compile_.get("grouping") is not None:   # a relational system: its passes alone
+                    s.setdefault("passes", []).append((n, compile_["grouping"] + compile_.get("passes", 0.0)))
             for kind in ("forward", "forward_backward"):
                 if f"{kind}_ms" in e:
                     s[kind].append((n, e[f"{kind}_ms"]))
@@ -40,6 +45,10 @@ def plot_scaling(results: dict, out: Path) -> Path:
             if s[kind]:
                 xs, ys = zip(*sorted(s[kind]))
                 ax.plot(xs, ys, marker="o", color=colors[system], label=LABELS.get(system, system))
+            if kind == "compile" and s.get("passes"):
+                xs, ys = zip(*sorted(s["passes"]))
+                ax.plot(xs, ys, marker=".", linestyle=":", color=colors[system],
+                        label=f"{LABELS.get(system, system)}: grouping + passes")
         if kind == "compile":
             ax.axhline(results["meta"]["cap_s"], color="grey", linestyle="--", label="compile cap")
         ax.set(xscale="log", yscale="log", xlabel="neurons (graph nodes x layers)", ylabel=ylabel)

@@ -69,3 +69,13 @@ def test_compile_cap_stops_a_slow_system(tmp_path):
     entry = results["workloads"][0]["systems"]["inductor"]
     assert entry["status"] == "> cap (0.5 s)"
     assert "> cap (0.5 s)" in (tmp_path / "results.md").read_text()
+
+
+def test_tiny_sweep_plots_scaling(tmp_path):
+    results = run.main(["--sweep", "1e3", "--systems", "relational_fast,pyg", "--runs", "1", "--warmup", "0",
+                        "--options", '{"inductor": false}', "--out", str(tmp_path)])
+    [point] = results["workloads"]
+    assert point["name"].startswith("gcn/mutagenesis[") and point["systems"]["relational_fast"]["status"] == "ok"
+    assert point["systems"]["relational_fast"]["compile"]["grouping"] > 0   # the plot's passes line
+    png = tmp_path / "scaling.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
