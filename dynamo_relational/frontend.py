@@ -29,9 +29,9 @@ of its arguments, starting from copies of the example inputs, parameters and
 buffers. For these tiny per-neuron ops that costs a few microseconds, far
 less than meta tensors (300-500 us per op: their shape functions are Python
 references) or fake tensors (about 300 us). The values never reach Python
-control flow (see the contract); they give each node its
-``meta["example_value"]``, which the passes read, and are dropped once the
-graph is grouped. The innermost user frame of each node is recorded as
+control flow (see the contract); they give each node its shape, dtype and
+device (``meta["rel_info"]``, what the passes read) and are dropped when the
+trace ends, except those of constants, which the passes compare. The innermost user frame of each node is recorded as
 ``meta["stack_trace"]`` in Dynamo's format (the grouping's code-site hint).
 
 Modules are traced through, not kept as leaves, so ``nn.Linear`` appears as
@@ -61,6 +61,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .backend import group_graph
 from .errors import RelationalError
+from .ops import tensor_info
 from .options import Options
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress, compile_progress
 from .report import GraphReport, Report
@@ -603,6 +604,11 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                                 "or tuples, lists and dicts of tensors and Python constants")
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
     _copy_mutated_constants(graph)
+    tracer.node_name_to_scope.clear()   # fx's record of module scopes, unused here
+    for node in graph.nodes:   # the passes read shapes only: keep those and free the values early
+        if node.op != "get_attr":   # (constants keep theirs: the passes compare them)
+            tensor_info(node)
+            node.meta.pop("example_value", None)
     # lazy: Python code for the ungrouped graph (tens of thousands of lines) is never needed
     gm = _LazyGraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
     trace_seconds = time.perf_counter() - start
