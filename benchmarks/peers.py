@@ -18,6 +18,10 @@ What each scalar model computes and how PyG expresses it exactly:
   aggregation: an empty mean is 0 there). Mean pool, readout.
 * ``ScalarGIN``: ``h_v = relu(mlp(h_v + sum_{u -> v} h_u))`` is
   ``GINConv(mlp, eps=0)`` followed by ``relu``. Sum pool, readout.
+* ``examples.styles.AccumulatorGCN`` (a GCN written in another author's style:
+  a ``torch.zeros`` accumulator, ``+=``, the bias after the loop):
+  ``h_v = tanh(b + sum_{u -> v} W x_u)`` per node, one layer, no pooling, is
+  ``GCNConv(normalize=False, add_self_loops=False)`` followed by ``tanh``.
 
 :func:`peer_of` picks the peer for a scalar model; the benchmark checks the
 peer's output against the scalar model's eager output before timing anything.
@@ -101,12 +105,31 @@ class PygGIN(_PygGraphModel):
             self.convs.append(conv)
 
 
+class PygAccumulatorGCN(nn.Module):
+    """``GCNConv(normalize=False, add_self_loops=False)`` and ``tanh`` with ``AccumulatorGCN``'s weights."""
+
+    def __init__(self, scalar: nn.Module, batch: GraphBatch):
+        from torch_geometric.nn import GCNConv
+
+        super().__init__()
+        self.register_buffer("edge_index", batch.edge_index())
+        hidden, features = scalar.weight.shape
+        self.conv = GCNConv(features, hidden, normalize=False, add_self_loops=False)
+        with torch.no_grad():
+            self.conv.lin.weight.copy_(scalar.weight)
+            self.conv.bias.copy_(scalar.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.conv(x, self.edge_index))
+
+
 def peer_of(scalar: nn.Module, batch: GraphBatch) -> nn.Module | None:
     """The PyG model computing what ``scalar`` computes, with its weights; None if there is none."""
     from examples.gcn import ScalarGCN
     from examples.gin import ScalarGIN
     from examples.sage import ScalarSAGE
+    from examples.styles import AccumulatorGCN
 
-    peers = {ScalarGCN: PygGCN, ScalarSAGE: PygSAGE, ScalarGIN: PygGIN}
+    peers = {ScalarGCN: PygGCN, ScalarSAGE: PygSAGE, ScalarGIN: PygGIN, AccumulatorGCN: PygAccumulatorGCN}
     peer = peers.get(type(scalar))
     return peer(scalar, batch) if peer else None

@@ -18,7 +18,7 @@ from torch import nn
 
 from examples.data import SHAPES, graph_batch, random_forest
 
-MODELS = ("gcn", "sage", "gin", "lrnn", "tree_lstm", "tree_rnn")
+MODELS = ("gcn", "sage", "gin", "gcn_acc", "lrnn", "tree_lstm", "tree_rnn")
 TREE_MODELS = ("tree_lstm", "tree_rnn")
 TREE_FEATURES = 8
 
@@ -47,7 +47,7 @@ class Workload:
     @property
     def has_peer(self) -> bool:
         """Whether the model has a PyG peer (benchmarks.peers)."""
-        return self.model in ("gcn", "sage", "gin")
+        return self.model in ("gcn", "sage", "gin", "gcn_acc")
 
     @property
     def name(self) -> str:
@@ -80,6 +80,9 @@ class Workload:
         elif self.model == "gin":
             from examples.gin import ScalarGIN
             model = ScalarGIN(batch, features, hidden=10, layers=5)
+        elif self.model == "gcn_acc":
+            from examples.styles import AccumulatorGCN
+            model = AccumulatorGCN(batch, hidden=10)
         elif self.model == "lrnn":
             from examples.lrnn import ScalarLRNN
             model = ScalarLRNN(batch)
@@ -105,12 +108,14 @@ QUICK = (
     Workload("gcn", "mutagenesis", 3),
     Workload("sage", "mutagenesis", 3),
     Workload("gin", "mutagenesis", 2),
+    Workload("gcn_acc", "mutagenesis", 3),
     Workload("lrnn", "mutagenesis", 3),
     Workload("tree_lstm", "forest", 3, 30),
     Workload("tree_rnn", "forest", 3, 30),
 )
 
 FULL = tuple(Workload(m, d) for m in ("gcn", "sage", "gin", "lrnn") for d in GRAPH_DATASETS) + (
+    Workload("gcn_acc", "mutagenesis"),
     Workload("tree_lstm", "forest", 100, 3000),
     Workload("tree_rnn", "forest", 100, 3000),
 )
@@ -129,5 +134,5 @@ def sweep(max_neurons: float = 1e6, model: str = "gcn") -> tuple[Workload, ...]:
 
 def neurons(workload: Workload, size: dict) -> int:
     """The neuron count :func:`sweep` means: graph nodes x layers (per-node vector neurons)."""
-    layers = {"gcn": 2, "sage": 2, "gin": 5, "lrnn": 2}.get(workload.model, 1)
+    layers = {"gcn": 2, "sage": 2, "gin": 5, "gcn_acc": 1, "lrnn": 2}.get(workload.model, 1)
     return size["nodes"] * layers

@@ -139,10 +139,10 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
     return choose_executor(fn, gm, inputs, options, report, grad)
 
 
-def choose_executor(inductor_fn: Callable, aten: Callable, inputs: Sequence[Any], options: Options,
+def choose_executor(inductor_fn: Callable, aten: fx.GraphModule, inputs: Sequence[Any], options: Options,
                     report: GraphReport, grad: bool = False) -> Callable:
     """With ``options.autotune``, time Inductor's code against the grouped graph's plain ATen calls
-    on the (real) example inputs and return the faster; the choice is recorded in the report.
+    (:func:`aten_executor`) on the (real) example inputs and return the faster; the choice is recorded in the report.
     ``grad`` times the forward with autograd recording (the mode the code was compiled for)."""
     real = all(not isinstance(x, FakeTensor) for x in inputs if isinstance(x, torch.Tensor))
     if not (options.autotune and report.vectorized_groups and real):
@@ -150,6 +150,7 @@ def choose_executor(inductor_fn: Callable, aten: Callable, inputs: Sequence[Any]
     from .autotune import fastest
 
     start = time.perf_counter()
+    aten = aten_executor(aten)
     choice, medians = fastest({"inductor": inductor_fn, "aten": aten}, inputs, grad)
     report.timings["autotune"] = time.perf_counter() - start
     report.stats["executor"] = choice
@@ -157,6 +158,20 @@ def choose_executor(inductor_fn: Callable, aten: Callable, inputs: Sequence[Any]
     report.stats["executor_ms"] = medians
     log.info("relational: runs the grouped graph with %s (measured ms: %s)", choice, medians)
     return aten if choice == "aten" else inductor_fn
+
+
+def aten_executor(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` run as plain ATen calls: a copy whose custom kernel calls use their eager forms
+    (:data:`dynamo_relational.kernels.gather_reduce.EAGER_FORMS`: the same computation with less
+    per-call overhead than the ``torch.library`` dispatch that Inductor and Dynamo need)."""
+    from dynamo_relational.kernels.gather_reduce import EAGER_FORMS
+
+    executor = _copy(gm)
+    for node in executor.graph.nodes:
+        if node.op == "call_function" and node.target in EAGER_FORMS:
+            node.target = EAGER_FORMS[node.target]
+    executor.recompile()
+    return executor
 
 
 def relational(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, **kwargs):

@@ -1,0 +1,77 @@
+"""The eager forms of the gather kernels (what the ATen executor runs) equal the custom ops:
+outputs, gradients and gradients of gradients, for sums, means, transposes and gathers."""
+import pytest
+import torch
+
+from dynamo_relational.backend import aten_executor
+from dynamo_relational.kernels.gather_reduce import (
+    EAGER_FORMS, gather_reduce, gather_reduce_eager, gather_rows, gather_rows_eager, pack_csr)
+
+
+def _csr(rows: int, columns: int, seed: int = 0):
+    """A random packed CSR with empty segments, repeated columns and unread columns."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, 4, (rows,), generator=g)
+    offsets = torch.zeros(rows + 1, dtype=torch.long)
+    torch.cumsum(counts, 0, out=offsets[1:])
+    index = torch.randint(0, columns, (int(offsets[-1]),), generator=g)
+    return pack_csr(offsets, index, columns)
+
+
+def _grads(fn, source, weights):
+    """Output, gradient, and the gradient of that gradient with respect to the upstream one
+    (the backward is itself differentiable: double backward)."""
+    weights = weights.detach().requires_grad_()
+    out = fn(source)
+    (first,) = torch.autograd.grad((out * weights).sum(), source, create_graph=True)
+    (second,) = torch.autograd.grad((first * first).sum(), weights)
+    return out, first, second
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("shape", [(5,), (2, 3)], ids=["rows", "matrices"])
+def test_gather_reduce_eager_equals_op(reduce, transpose, shape):
+    rows, columns = 7, 9
+    csr = _csr(columns, rows) if transpose else _csr(rows, columns)
+    source = torch.randn(columns, *shape, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(rows, *shape, dtype=torch.float64)
+    want = _grads(lambda s: gather_reduce(s, csr, rows, reduce, transpose), source, weights)
+    got = _grads(lambda s: gather_reduce_eager(s, csr, rows, reduce, transpose), source, weights)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_gather_rows_eager_equals_op():
+    index = torch.tensor([3, 0, 3, 5, 1])
+    csr = pack_csr(torch.arange(len(index) + 1), index, 6)
+    source = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(len(index), 4, dtype=torch.float64)
+    want = _grads(lambda s: gather_rows(s, csr), source, weights)
+    got = _grads(lambda s: gather_rows_eager(s, csr), source, weights)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_eager_forms_reject_bad_input_as_the_ops_do():
+    csr = _csr(3, 4)
+    with pytest.raises(ValueError, match="reduce must be one of"):
+        gather_reduce_eager(torch.randn(4, 2), csr, 3, "max")
+    with pytest.raises(ValueError, match="0-d"):
+        gather_rows_eager(torch.tensor(1.0), csr)
+
+
+def test_aten_executor_swaps_every_custom_kernel_and_leaves_the_graph_alone():
+    csr = _csr(3, 4)
+
+    class Grouped(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(gather_reduce(x, csr, 3, "mean")) + 1
+
+    gm = torch.fx.symbolic_trace(Grouped())
+    executor = aten_executor(gm)
+    assert {n.target for n in executor.graph.nodes} & set(EAGER_FORMS.values())
+    assert not {n.target for n in executor.graph.nodes} & set(EAGER_FORMS)
+    assert gather_reduce in {n.target for n in gm.graph.nodes}   # the original keeps its ops
+    x = torch.randn(4, 2)
+    torch.testing.assert_close(executor(x), gm(x))
