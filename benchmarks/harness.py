@@ -9,7 +9,9 @@
   calls every system once, in an order rotated by one each round (so that no
   system always runs right after another), measuring a forward under
   ``torch.no_grad()`` and a forward+backward of ``output.sum()`` (gradients set
-  to None before, outside the timed region). Reported: the medians; ratios
+  to None before, outside the timed region). Each timed call ends with a
+  64 KB allocation, so that it pays for the frees glibc defers to the next
+  large request (``_settle``). Reported: the medians; ratios
   between systems are ratios of those medians, all taken in the same process.
 * **Peak memory**: the peak of tensor bytes allocated during one
   forward+backward, on top of what was alive before it. On CPU it comes from
@@ -79,8 +81,17 @@ def _timed(fn: Callable[[], None], device: torch.device) -> float:
     _synchronize(device)
     start = time.perf_counter()
     fn()
+    _settle()
     _synchronize(device)
     return time.perf_counter() - start
+
+
+def _settle() -> None:
+    """Make a call pay for its own frees. glibc defers merging freed small chunks until the next
+    large request: after eager's forward+backward of a scalar model (hundreds of thousands of
+    tiny tensors) that costs milliseconds, and it would land on whichever system is timed next.
+    One 64 KB request inside the timed region triggers it; otherwise it costs about a microsecond."""
+    torch.empty(1 << 14)
 
 
 def time_interleaved(systems: list[Prepared], x: torch.Tensor, runs: int, warmup: int,
