@@ -3,9 +3,11 @@ run time against model size, one line per system.
 
 The compile panel also draws the relational systems' grouping and passes
 alone (dotted), the part whose growth issue 6 asks to be near linear.
-Points that were not measured (``> cap``, failures) are left out; the compile
-cap is drawn as a horizontal line, so a system whose line stops below it ran
-into the cap at the next size.
+A compile that finished but failed the output or gradient check is drawn
+as an x: its compile time is real, its run time was not measured. Other
+points that were not measured (``> cap``, failures) are left out; the
+compile cap is drawn as a horizontal line, so a system whose line stops
+below it ran into the cap at the next size.
 """
 from __future__ import annotations
 
@@ -26,12 +28,13 @@ def plot_scaling(results: dict, out: Path) -> Path:
     for w in results["workloads"]:
         n = neurons(Workload.parse(w["name"]), w["size"])
         for system, e in w["systems"].items():
-            s = series.setdefault(system, dict(compile=[], forward=[], forward_backward=[]))
+            s = series.setdefault(system, dict(compile=[], forward=[], forward_backward=[], passes=[], unchecked=[]))
             compile_ = e.get("compile") or {}
-            if compile_.get("total") is not None and e.get("status") == "ok":
-                s["compile"].append((n, compile_["total"]))
+            if compile_.get("total") is not None:
+                # a compile that finished but failed the output/gradient check is drawn apart (x)
+                s["compile" if e.get("status") == "ok" else "unchecked"].append((n, compile_["total"]))
                 if compile_.get("grouping") is not None:   # a relational system: its passes alone
-                    s.setdefault("passes", []).append((n, compile_["grouping"] + compile_.get("passes", 0.0)))
+                    s["passes"].append((n, compile_["grouping"] + compile_.get("passes", 0.0)))
             for kind in ("forward", "forward_backward"):
                 if f"{kind}_ms" in e:
                     s[kind].append((n, e[f"{kind}_ms"]))
@@ -45,10 +48,14 @@ def plot_scaling(results: dict, out: Path) -> Path:
             if s[kind]:
                 xs, ys = zip(*sorted(s[kind]))
                 ax.plot(xs, ys, marker="o", color=colors[system], label=LABELS.get(system, system))
-            if kind == "compile" and s.get("passes"):
+            if kind == "compile" and s["passes"]:
                 xs, ys = zip(*sorted(s["passes"]))
                 ax.plot(xs, ys, marker=".", linestyle=":", color=colors[system],
                         label=f"{LABELS.get(system, system)}: grouping + passes")
+            if kind == "compile" and s["unchecked"]:
+                xs, ys = zip(*sorted(s["unchecked"]))
+                ax.plot(xs, ys, marker="x", linestyle="none", markersize=9, color=colors[system],
+                        label=f"{LABELS.get(system, system)}: compiled, failed the check (not timed)")
         if kind == "compile":
             ax.axhline(results["meta"]["cap_s"], color="grey", linestyle="--", label="compile cap")
         ax.set(xscale="log", yscale="log", xlabel="neurons (graph nodes x layers)", ylabel=ylabel)

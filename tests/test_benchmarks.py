@@ -79,3 +79,11 @@ def test_tiny_sweep_plots_scaling(tmp_path):
     assert point["systems"]["relational_fast"]["compile"]["grouping"] > 0   # the plot's passes line
     png = tmp_path / "scaling.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_precision_arbitration_on_a_small_batch():
+    from benchmarks.precision import relative_errors
+
+    errors = relative_errors(graphs=4)
+    assert set(errors) == {"eager_float32", "relational_float32"}
+    assert 0 <= errors["relational_float32"] < 1e-5 and 0 <= errors["eager_float32"] < 1e-5
