@@ -3,7 +3,10 @@
 * **Checks** (before any timing): every system's output must equal the scalar
   model's eager output within ``OUTPUT_ATOL`` (float32); compiled scalar
   systems must also give the eager parameter gradients (max difference at most
-  ``GRAD_RTOL`` times the largest gradient, or ``GRAD_RTOL`` if that is < 1). A
+  ``GRAD_RTOL`` times the largest gradient, or ``GRAD_RTOL`` if that is < 1).
+  On large graphs float32 sums taken in another order than eager's can differ
+  by more: then both are compared with eager float64 gradients, and the
+  system passes if it is at least as close to them as eager float32 is. A
   system that fails is reported with its error and not timed.
 * **Timing**: ``warmup`` untimed rounds, then ``runs`` timed rounds; a round
   calls every system once, in an order rotated by one each round (so that no
@@ -23,6 +26,7 @@
 """
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from typing import Callable, Iterable
@@ -51,16 +55,33 @@ def check(p: Prepared, x: torch.Tensor, expected: torch.Tensor, grads: list | No
     ok = out.shape == expected.shape and result["output_max_abs_diff"] <= OUTPUT_ATOL
     if grads is not None:
         out.sum().backward()
-        worst = 0.0
-        for param, want in zip(p.module.parameters(), grads):
-            got = torch.zeros_like(param) if param.grad is None else param.grad
-            want = torch.zeros_like(param) if want is None else want
-            worst = max(worst, ((got - want).abs().max() / max(1.0, want.abs().max().item())).item())
-        result["grad_max_rel_diff"] = worst
-        ok = ok and worst <= GRAD_RTOL
+        got = [torch.zeros_like(q) if q.grad is None else q.grad.detach().clone() for q in p.module.parameters()]
+        want = [torch.zeros_like(g) if w is None else w for g, w in zip(got, grads)]
+        result["grad_max_rel_diff"] = _max_rel_diff(got, want)
+        if result["grad_max_rel_diff"] > GRAD_RTOL and x.dtype == torch.float32:
+            # Large graphs: float32 sums in another order than eager's differ by more than the
+            # tolerance. Then the gradients pass if they are at least as close as eager's to float64.
+            exact = _float64_gradients(p.module, x)
+            result["float64_rel_diff"] = dict(eager=_max_rel_diff(want, exact), system=_max_rel_diff(got, exact))
+            ok = ok and result["float64_rel_diff"]["system"] <= result["float64_rel_diff"]["eager"]
+        else:
+            ok = ok and result["grad_max_rel_diff"] <= GRAD_RTOL
     p.module.zero_grad(set_to_none=True)
     result["passed"] = bool(ok)
     return result
+
+
+def _max_rel_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """Largest difference over the parameters, each relative to its largest gradient (or absolute below 1)."""
+    return max((((g.double() - w.double()).abs().max() / max(1.0, w.abs().max().item())).item()
+                for g, w in zip(got, want)), default=0.0)
+
+
+def _float64_gradients(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    """Eager parameter gradients of ``output.sum()`` computed in float64 on a copy of ``model``."""
+    exact = copy.deepcopy(model).double()
+    exact(x.double()).sum().backward()
+    return [torch.zeros_like(q) if q.grad is None else q.grad for q in exact.parameters()]
 
 
 def _synchronize(device: torch.device) -> None:

@@ -87,3 +87,33 @@ def test_precision_arbitration_on_a_small_batch():
     errors = relative_errors(graphs=4)
     assert set(errors) == {"eager_float32", "relational_float32"}
     assert 0 <= errors["relational_float32"] < 1e-5 and 0 <= errors["eager_float32"] < 1e-5
+
+
+class _LongSum(torch.nn.Module):
+    """``w * x[0] + w * x[1] + ...``: eager float32 accumulates ``w``'s gradient term by term."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([0.5]))
+
+    def forward(self, x):
+        acc = self.w * x[0]
+        for i in range(1, x.shape[0]):
+            acc = acc + self.w * x[i]
+        return acc
+
+
+@pytest.mark.parametrize("scale, passes", [(1.0, True), (1.0 + 1e-3, False)], ids=["exact_sum", "wrong_gradient"])
+def test_gradient_check_arbitrates_with_float64(monkeypatch, scale, passes):
+    from benchmarks import harness
+    from benchmarks.systems import Prepared
+
+    monkeypatch.setattr(harness, "GRAD_RTOL", 0.0)   # force the float64 arbitration
+    torch.manual_seed(0)
+    model, x = _LongSum(), torch.rand(4000) / 40
+    expected, grads = harness.reference(model, x)
+    # a "compiled" system that sums in float64 (the first case), or gets the gradient wrong (the second)
+    system = Prepared("relational", lambda v: (model.w.double() * v.double().sum() * scale).float(), model)
+    result = harness.check(system, x, expected * scale, grads)
+    assert result["grad_max_rel_diff"] > 0 and "float64_rel_diff" in result
+    assert result["passed"] is passes
