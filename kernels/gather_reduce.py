@@ -261,12 +261,14 @@ def _plan(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dt
     cached = _PLANS.get(key)
     if cached is not None and cached[0] is csr:
         return cached[1]
-    matrix, scale = _matrix(csr, rows, columns, transpose, reduce, dtype, device)
     back, _ = _matrix(csr, columns, rows, not transpose, "sum", dtype, device)
-    a, b = (columns, rows) if transpose else (rows, columns)
-    index = unpack_csr(csr, a, b, transpose=transpose)[1] if gather else None
-    plan = _Plan(None if gather else matrix, index, None, scale, rows)
-    plan.transpose = _Plan(back, None, scale, None, columns)
+    if gather:   # gather_rows: an index_select forward, the transposed product backward
+        a, b = (columns, rows) if transpose else (rows, columns)
+        plan = _Plan(None, unpack_csr(csr, a, b, transpose=transpose)[1], None, None, rows)
+    else:
+        matrix, scale = _matrix(csr, rows, columns, transpose, reduce, dtype, device)
+        plan = _Plan(matrix, None, None, scale, rows)
+    plan.transpose = _Plan(back, None, plan.post, None, columns)
     plan.transpose.transpose = plan
     if len(_PLANS) > 256:
         _PLANS.clear()
