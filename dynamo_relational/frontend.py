@@ -603,7 +603,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                                 f"{type(node.meta.get('example_value')).__name__}); outputs must be tensors, "
                                 "or tuples, lists and dicts of tensors and Python constants")
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
-    _copy_mutated_constants(graph)
+    _copy_mutated_constants(graph, tracer.attrs)
     tracer.node_name_to_scope.clear()   # fx's record of module scopes, unused here
     for node in graph.nodes:   # the passes read shapes only: keep those and free the values early
         if node.op != "get_attr":   # (constants keep theirs: the passes compare them)
@@ -622,10 +622,12 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     return _Traced(gm, report, out_spec, constants)
 
 
-def _copy_mutated_constants(graph: fx.Graph) -> None:
+def _copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor]) -> None:
     """A tensor made in ``forward`` from Python values alone (``acc = torch.zeros(8)``) is traced as
     a constant of the graph; an in-place op on it (``acc += t``) would change that constant for
-    every later call. Eager makes a new tensor on every call, so the op gets a fresh copy."""
+    every later call. Eager makes a new tensor on every call, so the op gets a fresh copy.
+    Tracing ran that op on the constant's traced value, so the value is reset to the constant's
+    (the passes recognize a zero accumulator by it)."""
     from dynamo_relational.passes.inplace import is_in_place
 
     for node in list(graph.nodes):
@@ -635,6 +637,7 @@ def _copy_mutated_constants(graph: fx.Graph) -> None:
             with graph.inserting_before(node):
                 fresh = graph.call_function(torch.clone, (target,))
             fresh.meta = dict(target.meta)
+            target.meta["example_value"] = attrs[target.target].detach().clone()
             node.args = (fresh, *node.args[1:])
 
 

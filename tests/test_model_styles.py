@@ -59,3 +59,16 @@ def test_per_neuron_zeros_accumulators_become_one_constant():
     compiled = assert_fast_compile_matches_eager(ZerosPerNeuron(), x)
     assert compiled.report.nodes_after <= 12
     assert sum(n.op == "get_attr" for n in compiled.graph.graph.nodes) <= 3
+
+
+def test_zero_accumulator_is_no_term_of_the_sum():
+    """``acc = torch.zeros(...); acc += ...`` traced by the fast front-end: the zero start drops
+    out of the sum (tracing ran ``+=`` on the constant's traced value, which must not count)."""
+    from examples.styles import AccumulatorGCN
+
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=3, dtype=torch.float64)
+    compiled = assert_fast_compile_matches_eager(AccumulatorGCN(batch).double(), batch.x, inductor=False)
+    targets = [n.target for n in compiled.graph.graph.nodes]
+    assert not [t for t in targets if isinstance(t, str) and t.startswith("_tensor_constant")]
+    assert torch.cat not in targets   # the sum reads the linear's rows directly
