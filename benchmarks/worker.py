@@ -13,7 +13,9 @@ system's ratios are still taken in one process.
 The child writes ``COMPILING`` and ``COMPILED`` around the capped system's
 compilation and ``RESULT <json>`` at the end; the parent kills it when
 ``COMPILED`` does not come within ``cap`` seconds of ``COMPILING`` and reports
-the system as ``> cap``.
+the system as ``> cap``. Each child compiles into its own temporary Inductor cache
+(a kill at the cap can leave half-written kernels, which must not reach the
+user's cache), so capped systems' compile times are cold-cache times.
 """
 from __future__ import annotations
 
@@ -21,9 +23,11 @@ import argparse
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -41,7 +45,11 @@ def run_capped(workload: Workload, system: str, references: list[str], *, runs: 
     cmd = [sys.executable, "-m", "benchmarks.worker", workload.name, system, "--references", ",".join(references),
            "--runs", str(runs), "--warmup", str(warmup), "--device", device,
            "--options", json.dumps(options or {}), "--threads", str(torch.get_num_threads())]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    # Its own Inductor cache: a child killed at the cap may leave half-written kernels behind,
+    # which a shared cache would load later ("ImportError: ... .so: file too short").
+    cache = tempfile.mkdtemp(prefix="relational-bench-inductor-")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               TORCHINDUCTOR_CACHE_DIR=cache)
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, env=env, start_new_session=True)
     try:
         outcome = _follow(child, cap_s)
@@ -49,6 +57,7 @@ def run_capped(workload: Workload, system: str, references: list[str], *, runs: 
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
         child.wait()
+        shutil.rmtree(cache, ignore_errors=True)
     if isinstance(outcome, dict):
         return outcome
     entry = dict(status=outcome)
