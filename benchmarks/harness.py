@@ -61,7 +61,7 @@ def check(p: Prepared, x: torch.Tensor, expected: torch.Tensor, grads: list | No
         if result["grad_max_rel_diff"] > GRAD_RTOL and x.dtype == torch.float32:
             # Large graphs: float32 sums in another order than eager's differ by more than the
             # tolerance. Then the gradients pass if they are at least as close as eager's to float64.
-            exact = _float64_gradients(p.module, x)
+            exact = float64_gradients(p.module, x)
             result["float64_rel_diff"] = dict(eager=_max_rel_diff(want, exact), system=_max_rel_diff(got, exact))
             ok = ok and result["float64_rel_diff"]["system"] <= result["float64_rel_diff"]["eager"]
         else:
@@ -77,7 +77,7 @@ def _max_rel_diff(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
                 for g, w in zip(got, want)), default=0.0)
 
 
-def _float64_gradients(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+def float64_gradients(model: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     """Eager parameter gradients of ``output.sum()`` computed in float64 on a copy of ``model``."""
     exact = copy.deepcopy(model).double()
     exact(x.double()).sum().backward()

@@ -20,24 +20,23 @@ import torch
 def relative_errors(graphs: int) -> dict[str, float]:
     """{"eager_float32": ..., "relational_float32": ...}: max |g - g64| / max |g64| over all parameters."""
     import dynamo_relational
+    from benchmarks.harness import float64_gradients
     from examples.data import graph_batch
     from examples.gcn import ScalarGCN
 
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs, seed=0)
     model = ScalarGCN(batch, batch.x.shape[1], hidden=10, layers=2)
-    reference = ScalarGCN(batch, batch.x.shape[1], hidden=10, layers=2).double()
-    reference.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
 
-    def gradients(module, fn, x):
-        module.zero_grad(set_to_none=True)
-        fn(x).sum().backward()
-        return torch.cat([p.grad.reshape(-1).double() for p in module.parameters()])
+    def gradients(fn):
+        model.zero_grad(set_to_none=True)
+        fn(batch.x).sum().backward()
+        return torch.cat([p.grad.reshape(-1).double() for p in model.parameters()])
 
-    exact = gradients(reference, reference, batch.x.double())
+    exact = torch.cat([g.reshape(-1) for g in float64_gradients(model, batch.x)])
     scale = exact.abs().max()
-    eager = gradients(model, model, batch.x)
-    compiled = gradients(model, dynamo_relational.compile(model, (batch.x,), progress=False), batch.x)
+    eager = gradients(model)
+    compiled = gradients(dynamo_relational.compile(model, (batch.x,), progress=False))
     return {"eager_float32": float((eager - exact).abs().max() / scale),
             "relational_float32": float((compiled - exact).abs().max() / scale)}
 

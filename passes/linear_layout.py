@@ -115,12 +115,6 @@ def _transposed(x, weight, bias):
 def _measure(m: int, k: int, n: int, has_bias: bool, x_grad: bool, contiguous: bool,
              dtype: torch.dtype) -> tuple[float, float]:
     """Median ms of (forward + forward+backward) of the plain and the transposed form."""
-    with unset_fake_temporarily():
-        x = torch.randn(m, k, dtype=dtype, requires_grad=x_grad)
-        weight = torch.randn(n, k, dtype=dtype, requires_grad=True)
-        bias = torch.randn(n, dtype=dtype, requires_grad=True) if has_bias else None
-        grad = torch.randn(m, n, dtype=dtype)
-
     def transposed():
         out = _transposed(x, weight, bias)
         return out.contiguous() if contiguous else out
@@ -134,6 +128,10 @@ def _measure(m: int, k: int, n: int, has_bias: bool, x_grad: bool, contiguous: b
         form().backward(grad)
 
     with unset_fake_temporarily():   # real tensors even when called inside TorchDynamo's compilation
+        x = torch.randn(m, k, dtype=dtype, requires_grad=x_grad)
+        weight = torch.randn(n, k, dtype=dtype, requires_grad=True)
+        bias = torch.randn(n, dtype=dtype, requires_grad=True) if has_bias else None
+        grad = torch.randn(m, n, dtype=dtype)
         times = median_ms({"plain": lambda: both(plain), "transposed": lambda: both(transposed)}, ROUNDS)
     return times["plain"], times["transposed"]
 
