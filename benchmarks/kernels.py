@@ -1,6 +1,6 @@
 """Microbenchmark of the gather + segment-sum providers, from 1e3 to 1e7 gathered rows.
 
-    python -m benchmarks.kernels [--max-rows 1e7] [--features 16] [--repeats 10]
+    python -m benchmarks.kernels [--max-rows 1e7] [--features 16] [--repeats 10] [--device cuda]
 
 Each size is a random graph with ``rows`` edges over ``rows / 4`` nodes (mean
 in-degree 4), ``features`` floats per row. Every provider computes
@@ -8,9 +8,14 @@ in-degree 4), ``features`` floats per row. Every provider computes
 results are checked against the first provider before timing:
 
 * ``gather_reduce``: our custom op (one CSR sparse-dense product; backward the
-  transposed product), the default of the vectorizer;
+  transposed product), the default of the vectorizer. On CPU that is MKL's
+  product; on CUDA it is listed once per provider, ``[triton]`` (our Triton
+  kernel, the default when Triton is installed) and ``[cusparse]``;
 * ``index_select+segment_reduce``: gather the rows, then ATen's CSR segment reduction;
 * ``index_select+index_add``: gather, then scatter-add (atomic on some backends);
+* ``padded gather+sum [inductor]``: the index padded to the widest row (ELL)
+  and the gather + sum compiled by Inductor, which lowers and fuses it (what an
+  Inductor-lowerable ``gather_reduce`` would be); up to 1e6 rows;
 * ``torch_scatter.segment_csr``: when torch-scatter is installed.
 
 Prints medians in microseconds, forward and forward+backward.
@@ -18,25 +23,68 @@ Prints medians in microseconds, forward and forward+backward.
 from __future__ import annotations
 
 import argparse
+import importlib
+import statistics
+import time
 
 import torch
 
+from dynamo_relational.kernels import triton_csr
 from dynamo_relational.kernels.gather_reduce import gather_reduce, pack_csr
 from dynamo_relational.kernels.segment import csr_offsets
-from examples.common import median_ms
+
+# (the package exports the op under the module's name)
+gather_reduce_module = importlib.import_module("dynamo_relational.kernels.gather_reduce")
+
+
+def _with_provider(provider: str, fn):
+    def call(x):
+        gather_reduce_module.cuda_provider = provider
+        return fn(x)
+    return call
+
+
+#: the padded form materializes [rows, widest row, features] gradients in its backward: small sizes only
+PADDED_MAX_ROWS = 10 ** 6
+
+
+def padded_index(offsets: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``index`` as a ``[rows, widest row]`` matrix, one row per segment, padded with -1 (ELL format)."""
+    counts = offsets[1:] - offsets[:-1]
+    rows = torch.arange(counts.shape[0], device=index.device).repeat_interleave(counts)
+    slots = torch.arange(index.shape[0], device=index.device) - offsets[:-1].repeat_interleave(counts)
+    padded = torch.full((counts.shape[0], int(counts.max())), -1, dtype=torch.long, device=index.device)
+    padded[rows, slots] = index
+    return padded
+
+
+@torch.compile(dynamic=False)
+def _padded_sum(x: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
+    """The gather + sum in a form Inductor lowers and fuses: a reduction over the padded width."""
+    return torch.where((padded >= 0).unsqueeze(-1), x[padded.clamp(min=0)], 0).sum(1)
 
 
 def providers(source_rows: int, src: torch.Tensor, dst: torch.Tensor) -> dict:
     counts = torch.bincount(dst, minlength=source_rows)
-    offsets = csr_offsets(counts.tolist())
+    offsets = csr_offsets(counts.tolist(), src.device)
     csr = pack_csr(offsets, src, source_rows)
+    ours = lambda x: gather_reduce(x, csr, source_rows, "sum")  # noqa: E731
+    if src.is_cuda:
+        mine = {"gather_reduce [cusparse]": _with_provider("cusparse", ours)}
+        if triton_csr.AVAILABLE:
+            mine = {"gather_reduce [triton]": _with_provider("triton", ours), **mine}
+    else:
+        mine = {"gather_reduce": ours}
     result = {
-        "gather_reduce": lambda x: gather_reduce(x, csr, source_rows, "sum"),
+        **mine,
         "index_select+segment_reduce": lambda x: torch.segment_reduce(
             x.index_select(0, src), "sum", offsets=offsets, unsafe=True),
         "index_select+index_add": lambda x: x.new_zeros(source_rows, x.shape[1]).index_add_(
             0, dst, x.index_select(0, src)),
     }
+    if src.shape[0] <= PADDED_MAX_ROWS:
+        padded = padded_index(offsets, src)
+        result["padded gather+sum [inductor]"] = lambda x: _padded_sum(x, padded)
     try:
         import torch_scatter
 
@@ -46,13 +94,29 @@ def providers(source_rows: int, src: torch.Tensor, dst: torch.Tensor) -> dict:
     return result
 
 
+def median_us(fn, repeats: int, device: torch.device) -> float:
+    """Median microseconds of ``fn()`` after one warm-up call, waiting for the device on CUDA."""
+    times = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-rows", type=float, default=1e7)
     parser.add_argument("--features", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
     torch.manual_seed(0)
+    default_provider = gather_reduce_module.cuda_provider
     results = []
     rows = 1000
     print(f"{'rows':>10} {'provider':<30} {'forward us':>12} {'fwd+bwd us':>12}")
@@ -60,7 +124,8 @@ def main(argv=None) -> list[dict]:
         nodes = max(rows // 4, 1)
         dst, _ = torch.sort(torch.randint(0, nodes, (rows,)))
         src = torch.randint(0, nodes, (rows,))
-        x = torch.randn(nodes, args.features, requires_grad=True)
+        dst, src = dst.to(device), src.to(device)
+        x = torch.randn(nodes, args.features, device=device, requires_grad=True)
         fns = providers(nodes, src, dst)
         reference = None
         for name, fn in fns.items():
@@ -68,11 +133,12 @@ def main(argv=None) -> list[dict]:
             reference = out if reference is None else reference
             torch.testing.assert_close(out, reference, rtol=1e-4, atol=1e-4)
             with torch.no_grad():
-                forward = median_ms(lambda: fn(x), args.repeats, warmup=1) * 1e3
-            both = median_ms(lambda: fn(x).sum().backward(), args.repeats, warmup=1) * 1e3
+                forward = median_us(lambda: fn(x), args.repeats, device)
+            both = median_us(lambda: fn(x).sum().backward(), args.repeats, device)
             results.append(dict(rows=rows, provider=name, forward_us=forward, forward_backward_us=both))
             print(f"{rows:>10} {name:<30} {forward:>12.1f} {both:>12.1f}", flush=True)
         rows *= 10
+    gather_reduce_module.cuda_provider = default_provider
     return results
 
 

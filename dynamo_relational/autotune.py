@@ -8,7 +8,8 @@ example inputs, a few interleaved rounds each (under ``no_grad`` unless the
 code was compiled for training), and returns the fastest. Only the forward is
 timed: running a backward pass here would compile Inductor's backward graph
 inside TorchDynamo's compilation, and the forward is where the two differ (the
-backward graph is mostly the same extern kernels either way).
+backward graph is mostly the same extern kernels either way). On CUDA each
+timed call waits for the device, so the time is the kernels', not the launches'.
 """
 from __future__ import annotations
 
@@ -26,9 +27,16 @@ def fastest(candidates: dict[str, Callable], inputs: Sequence[Any],
             grad: bool = False) -> tuple[str, dict[str, float]]:
     """The name of the fastest candidate and every candidate's median forward time in milliseconds.
     ``grad`` runs the forwards with autograd recording (their outputs are dropped, never backpropagated)."""
+    cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
     with torch.set_grad_enabled(grad):
-        medians = median_ms({name: functools.partial(fn, *inputs) for name, fn in candidates.items()})
+        medians = median_ms({name: functools.partial(_call, fn, inputs, cuda) for name, fn in candidates.items()})
     return min(medians, key=medians.get), medians
+
+
+def _call(fn: Callable, inputs: Sequence[Any], cuda: bool) -> None:
+    fn(*inputs)
+    if cuda:
+        torch.cuda.synchronize()
 
 
 def median_ms(calls: dict[str, Callable[[], Any]], rounds: int = ROUNDS) -> dict[str, float]:

@@ -27,7 +27,7 @@ class AccumulatorGCN(nn.Module):
     def forward(self, x):
         out = []
         for v in range(x.shape[0]):
-            acc = torch.zeros(self.weight.shape[0], dtype=x.dtype)
+            acc = torch.zeros(self.weight.shape[0], dtype=x.dtype, device=x.device)
             for u in self.adj[v]:
                 acc += F.linear(x[u], self.weight)
             out.append(torch.tanh(acc + self.bias))
@@ -94,7 +94,7 @@ class LinearPerType(nn.Module):
             self.in_edges[v].append((u, e % types))
 
     def forward(self, x):
-        return torch.stack([torch.tanh(sum((self.lins[t](x[u]) for u, t in edges), torch.zeros(6, dtype=x.dtype)))
+        return torch.stack([torch.tanh(sum((self.lins[t](x[u]) for u, t in edges), torch.zeros(6, dtype=x.dtype, device=x.device)))
                             for edges in self.in_edges])
 
 

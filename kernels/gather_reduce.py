@@ -35,6 +35,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from . import triton_csr
+
 # The CSR product is all we use of the sparse API; its "beta" notice is noise to our users.
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -97,35 +99,63 @@ def _gather_reduce(source: Tensor, csr: Tensor, rows: int, reduce: str, transpos
     _check(source, csr, reduce)
     matrix, scale = _matrix(csr, rows, source.shape[0], transpose, reduce, source.dtype, source.device)
     flat = source if source.dim() == 2 else source.reshape(source.shape[0], -1)
-    if matrix is None or flat.shape[1] == 0:
-        out = flat.new_zeros((rows, flat.shape[1]))
-    else:
-        out = torch.sparse.mm(matrix, flat.contiguous())
+    out = _product(matrix, flat, rows)
     if scale is not None:
         out = out / scale
     return out if source.dim() == 2 else out.reshape((rows, *source.shape[1:]))
+
+
+class TritonCSR:
+    """``A`` for the Triton kernel: views of its CSR offsets and column indices, and the reduction
+    (the kernel divides by the segment sizes itself, see :mod:`.triton_csr`)."""
+    __slots__ = ("offsets", "index", "reduce", "longest")
+
+    def __init__(self, offsets: Tensor, index: Tensor, reduce: str):
+        self.offsets, self.index, self.reduce = offsets, index, reduce
+        # (reading it back waits for the device, which a CUDA graph being recorded must not do:
+        # then the kernel goes by the mean segment length)
+        self.longest = None if torch.cuda.is_current_stream_capturing() else triton_csr.longest_segment(offsets)
+
+
+#: who multiplies by ``A`` on CUDA: "triton" (when installed) or "cusparse" (``torch.sparse.mm``)
+cuda_provider = "triton" if triton_csr.AVAILABLE else "cusparse"
+
+
+def _product(matrix, flat: Tensor, rows: int) -> Tensor:
+    """``A @ flat`` for a 2-D ``flat``; ``matrix`` is ``A`` as :func:`_matrix` made it (None if empty)."""
+    if matrix is None or flat.shape[1] == 0:
+        return flat.new_zeros((rows, flat.shape[1]))
+    if isinstance(matrix, TritonCSR):
+        return triton_csr.csr_reduce(flat, matrix.offsets, matrix.index, rows, matrix.reduce,
+                                     longest=matrix.longest)
+    return torch.sparse.mm(matrix, flat.contiguous())
 
 
 _MATRICES: dict = {}
 
 
 def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, device):
-    """The sparse matrix (None if empty) and, for ``mean``, the ``[rows, 1]`` segment sizes.
+    """The sparse matrix (None if empty) and, for ``mean``, the ``[rows, 1]`` segment sizes
+    (None for the Triton kernel, which divides by them itself).
 
     Cached per packed buffer: the graph passes the same constant on every
     call, and building the sparse tensor costs as much as a small product.
     The entry holds views of ``csr``, so its address cannot be reused while cached.
     """
-    key = (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, device)
+    triton = (cuda_provider == "triton" and triton_csr.AVAILABLE and torch.device(device).type == "cuda"
+              and dtype in triton_csr.FLOATS)
+    key = (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, device, triton)
     cached = _MATRICES.get(key)
     if cached is None or cached[0] is not csr:
         a, b = (columns, rows) if transpose else (rows, columns)
         offsets, index = unpack_csr(csr, a, b, transpose=transpose)
         matrix = None
-        if index.shape[0]:
+        if index.shape[0] and triton:
+            matrix = TritonCSR(offsets, index, reduce)
+        elif index.shape[0]:
             ones = torch.ones(index.shape[0], dtype=dtype, device=device)
             matrix = torch.sparse_csr_tensor(offsets, index, ones, (rows, columns), check_invariants=False)
-        scale = _counts(offsets, dtype).unsqueeze(1) if reduce == "mean" else None
+        scale = _counts(offsets, dtype).unsqueeze(1) if reduce == "mean" and not triton else None
         if len(_MATRICES) > 256:
             _MATRICES.clear()
         cached = _MATRICES[key] = (csr, matrix, scale)
@@ -230,10 +260,7 @@ class _Plan:
         flat = source if source.dim() == 2 else source.reshape(source.shape[0], -1)
         if self.pre is not None:
             flat = flat / self.pre
-        if self.matrix is None or flat.shape[1] == 0:
-            out = flat.new_zeros((self.rows, flat.shape[1]))
-        else:
-            out = torch.sparse.mm(self.matrix, flat.contiguous())
+        out = _product(self.matrix, flat, self.rows)
         if self.post is not None:
             out = out / self.post
         return out if source.dim() == 2 else out.reshape((self.rows, *source.shape[1:]))
@@ -257,7 +284,7 @@ def _plan(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dt
           gather: bool = False) -> _Plan:
     """The plan of ``gather_reduce`` (or, with ``gather``, ``gather_rows``) and its transpose, cached
     per packed buffer as :func:`_matrix` is."""
-    key = (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, device, gather)
+    key = (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, device, gather, cuda_provider)
     cached = _PLANS.get(key)
     if cached is not None and cached[0] is csr:
         return cached[1]
@@ -268,7 +295,11 @@ def _plan(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dt
     else:
         matrix, scale = _matrix(csr, rows, columns, transpose, reduce, dtype, device)
         plan = _Plan(matrix, None, None, scale, rows)
-    plan.transpose = _Plan(back, None, plan.post, None, columns)
+    pre = plan.post
+    if reduce == "mean" and pre is None and not gather:   # the Triton kernel divided by the sizes itself
+        a, b = (columns, rows) if transpose else (rows, columns)
+        pre = _counts(unpack_csr(csr, a, b, transpose=transpose)[0], dtype).unsqueeze(1)
+    plan.transpose = _Plan(back, None, pre, None, columns)
     plan.transpose.transpose = plan
     if len(_PLANS) > 256:
         _PLANS.clear()

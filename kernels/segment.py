@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from . import triton_csr
+
 SEGMENT_REDUCTIONS = ("sum", "mean", "amax", "amin")
 _ATEN_NAME = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min"}
 
@@ -38,6 +40,16 @@ def segment_reduce(data: Tensor, offsets: Tensor, reduce: str) -> Tensor:
     _check(data, offsets, reduce)
     # Deterministic: each output row is reduced sequentially from its own CSR slice.
     return torch.segment_reduce(data, _ATEN_NAME[reduce], offsets=offsets, axis=0, unsafe=True)
+
+
+@segment_reduce.register_kernel("cuda")
+def _(data: Tensor, offsets: Tensor, reduce: str) -> Tensor:
+    _check(data, offsets, reduce)
+    if not triton_csr.supports(data):
+        return torch.segment_reduce(data, _ATEN_NAME[reduce], offsets=offsets, axis=0, unsafe=True)
+    flat = data.reshape(data.shape[0], -1)
+    out = triton_csr.csr_reduce(flat, offsets, None, offsets.shape[0] - 1, reduce, empty_mean_is_zero=False)
+    return out.reshape((offsets.shape[0] - 1, *data.shape[1:]))
 
 
 @segment_reduce.register_fake

@@ -1,0 +1,159 @@
+"""The CUDA path: the Triton CSR kernel, the custom ops on CUDA (Triton and cuSPARSE providers),
+and compiled models on a GPU against eager.
+
+Everything here needs a CUDA device, except the kernel check, which also runs
+on CPU in Triton's interpreter when Triton is installed.
+"""
+import importlib
+import itertools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dynamo_relational.kernels import triton_csr
+from dynamo_relational.kernels.gather_reduce import gather_reduce, gather_rows, pack_csr, unit_offsets
+from dynamo_relational.kernels.segment import csr_offsets, segment_reduce
+from examples.data import graph_batch
+from examples.styles import STYLES
+from tests.conftest import TOLERANCE, assert_compiled_matches_eager
+from tests.test_examples import BUILDERS
+from tests.test_frontend import assert_fast_compile_matches_eager
+
+# (the package exports the op under the module's name)
+gather_reduce_module = importlib.import_module("dynamo_relational.kernels.gather_reduce")
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ATEN = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min"}
+
+
+def check_csr_reduce(device: str, dtypes=(torch.float32, torch.float64)) -> None:
+    """The Triton kernels against ATen's segment_reduce (on CPU, float64) for every reduction, with
+    and without an index: short segments (the row-block kernel) and long ones (the one-row kernel),
+    empty segments, segments longer than a tile, features wider than a block."""
+    generator = torch.Generator().manual_seed(0)
+    for counts in ([0, 1, 3, 2, 0, 2, 4, 5] * 5, [0, 1, 3, 70, 0, 2, 1029, 5]):
+        offsets = csr_offsets(counts)
+        entries = int(offsets[-1])
+        for features, dtype in ((1, dtypes[0]), (10, dtypes[-1]), *((130, d) for d in dtypes)):
+            # inputs rounded to ``dtype`` first: what is left is the kernels' own rounding
+            source = torch.randn(40, features, generator=generator, dtype=torch.float64).to(dtype).double()
+            index = torch.randint(0, 40, (entries,), generator=generator)
+            rows = torch.randn(entries, features, generator=generator, dtype=torch.float64).to(dtype).double()
+            for reduce, aten in ATEN.items():
+                # longest=0 takes the row-block kernel, a huge one the one-row kernel: each kernel on each
+                # distribution (but the interpreter's row-block kernel is too slow for the long one)
+                kernels = (0, 10 ** 9) if device == "cuda" or max(counts) < 100 else (10 ** 9,)
+                for (with_index, data), longest in itertools.product(((True, source[index]), (False, rows)), kernels):
+                    want = torch.segment_reduce(data, aten, offsets=offsets, axis=0)
+                    got = triton_csr.csr_reduce(
+                        (source if with_index else rows).to(device, dtype), offsets.to(device, torch.int32),
+                        index.to(device, torch.int32) if with_index else None, len(counts), reduce,
+                        empty_mean_is_zero=False, longest=longest)
+                    torch.testing.assert_close(
+                        got.cpu().double(), want, equal_nan=True,
+                        **TOLERANCE.get(dtype, dict(rtol=1e-2, atol=1e-2)),
+                        msg=lambda m: f"{reduce} {dtype} {features} {counts[:4]} index={with_index} longest={longest}: {m}")
+
+
+@pytest.mark.skipif(not triton_csr.AVAILABLE, reason="needs Triton")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="runs on the GPU instead (test below)")
+def test_csr_kernel_matches_aten_in_the_triton_interpreter():
+    """Runs in a child process: Triton reads TRITON_INTERPRET when it is imported. (Triton 3.8's
+    interpreter runs the kernels; 3.6's cannot take a reduction as a loop bound.)"""
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    code = "from tests.test_cuda import check_csr_reduce; check_csr_reduce('cpu')"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+@needs_cuda
+@pytest.mark.skipif(not triton_csr.AVAILABLE, reason="needs Triton")
+def test_csr_kernel_matches_aten_on_cuda():
+    check_csr_reduce("cuda", dtypes=(torch.float32, torch.float64, torch.bfloat16))
+
+
+@pytest.fixture(params=["triton", "cusparse"])
+def provider(request, monkeypatch):
+    if request.param == "triton" and not triton_csr.AVAILABLE:
+        pytest.skip("needs Triton")
+    monkeypatch.setattr(gather_reduce_module, "cuda_provider", request.param)
+    return request.param
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_gather_ops_on_cuda_equal_cpu(provider, reduce, dtype):
+    torch.manual_seed(0)
+    counts = [3, 0, 2, 4, 1]
+    index = torch.tensor([0, 4, 2, 1, 1, 3, 0, 4, 2, 5])
+    csr = pack_csr(csr_offsets(counts), index, 6)
+    for device in ("cpu", "cuda"):
+        source = torch.randn(6, 3, 2, dtype=dtype, generator=torch.Generator().manual_seed(1)).to(device)
+        source.requires_grad_()
+        packed = csr.to(device)
+        out = gather_reduce(source, packed, len(counts), reduce)
+        back = gather_reduce(out, packed, 6, "sum", True)
+        rows = gather_rows(source, pack_csr(unit_offsets(len(index)), index, 6).to(device))
+        grad, = torch.autograd.grad(out.square().sum() + back.sum() + rows.sum(), source)
+        if device == "cpu":
+            want = [t.detach() for t in (out, back, rows, grad)]
+        else:
+            for got, expected in zip((out, back, rows, grad), want):
+                assert got.is_cuda
+                torch.testing.assert_close(got.detach().cpu(), expected, **TOLERANCE[dtype])
+
+
+@needs_cuda
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+def test_segment_reduce_on_cuda_equals_cpu(reduce):
+    offsets = csr_offsets([2, 1, 4, 3])
+    data = torch.randn(10, 3, dtype=torch.float64)
+    data[3, 1] = data[4, 1]        # a tie for max/min: the gradient is shared
+    results = []
+    for device in ("cpu", "cuda"):
+        leaf = data.to(device).requires_grad_()
+        out = segment_reduce(leaf, offsets.to(device), reduce)
+        grad, = torch.autograd.grad((out * torch.arange(1.0, 4.0, dtype=out.dtype, device=device)).sum(), leaf)
+        results.append((out.detach().cpu(), grad.cpu()))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+
+
+def _on_cuda(model: torch.nn.Module, batch):
+    return model.cuda(), batch.x.cuda()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name", sorted(BUILDERS))
+def test_fast_compiled_model_on_cuda_matches_eager(name, dtype, provider):
+    """The fast front-end with Inductor generating CUDA code around the custom ops."""
+    torch.manual_seed(0)
+    batch = graph_batch("enzymes" if name == "lrnn" else "mutagenesis", graphs=3, dtype=dtype)
+    model, x = _on_cuda(BUILDERS[name](batch).to(dtype), batch)
+    compiled = assert_fast_compile_matches_eager(model, x)
+    assert compiled.report.nodes_after <= 60 < compiled.report.nodes_before
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["gcn", "sage"])
+def test_dynamo_compiled_model_on_cuda_matches_eager(name):
+    """``torch.compile(backend="relational")`` on CUDA tensors, float32."""
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2)
+    model, x = _on_cuda(BUILDERS[name](batch), batch)
+    report = assert_compiled_matches_eager(model, x)
+    assert report.nodes_after <= 60 < report.nodes_before
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", sorted(STYLES))
+def test_styles_written_by_others_run_on_cuda(name):
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=3)
+    assert_fast_compile_matches_eager(*_on_cuda(STYLES[name](batch), batch))
+
