@@ -12,6 +12,7 @@ ungrouped graph is never re-traced with make_fx.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
@@ -127,6 +128,16 @@ def _compile_grouped(grouped: fx.GraphModule, report: GraphReport, example_input
     return CompiledGraph(fn, grouped, report)
 
 
+def without_autograd_cache_if_tagged(gm: fx.GraphModule):
+    """AOT autograd's cache knows a graph by its code, not by its nodes' ``recompute`` tags
+    (``passes/recompute_gathers.py``): it would serve a tagged graph the partition of the same graph
+    compiled untagged (another options set, an earlier process). Tagged graphs skip that cache;
+    Inductor's own cache, which sees the partitioned graphs, still applies."""
+    if any("recompute" in node.meta for node in gm.graph.nodes):
+        return torch._functorch.config.patch(enable_autograd_cache=False)
+    return contextlib.nullcontext()
+
+
 def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, report: GraphReport,
                    grad: bool = False) -> Callable:
     """Inductor's ``compile_fx`` (AOT autograd inside) on a copy of ``gm`` (it rewrites the graph it
@@ -134,7 +145,8 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
     from torch._inductor.compile_fx import compile_fx
 
     start = time.perf_counter()
-    fn = compile_fx(_copy(gm), list(inputs))
+    with without_autograd_cache_if_tagged(gm):
+        fn = compile_fx(_copy(gm), list(inputs))
     report.add_time("inductor", start)
     return choose_executor(fn, gm, inputs, options, report, grad)
 

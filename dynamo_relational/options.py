@@ -64,7 +64,8 @@ class Options:
     #: ``"postpone_gathers"`` (row-wise ops before gathers), ``"compose_gathers"``
     #: (gathers of gathers read the original rows), ``"simplify_gathers"`` (range
     #: gathers become slices), ``"linear_layout"`` (tall, narrow ``linear`` run as
-    #: the transposed product where timing shows it faster; only with ``autotune``).
+    #: the transposed product where timing shows it faster; only with ``autotune``),
+    #: ``"recompute_gathers"`` (edge-sized gathers recomputed in the backward, not saved).
     disable: tuple[str, ...] = ()
     #: Show a progress bar (tqdm, on stderr) over the compile's steps once a
     #: compile has run for a few seconds (tracing, each pass, Inductor).

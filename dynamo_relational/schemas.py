@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from .backend import choose_executor, compile_static
+from .backend import choose_executor, compile_static, without_autograd_cache_if_tagged
 from .options import Options
 from .report import GraphReport
 
@@ -40,6 +40,9 @@ class Lifted:
     values: list[Any]
     #: the graph's code: equal keys mean the same ops on differently sized data
     key: str
+    #: the ``recompute`` tags of its nodes (``passes/recompute_gathers.py``) as (target, k) for
+    #: the k-th call of that target: Dynamo's trace of ``graph`` drops node meta, :func:`retag` puts them back
+    recompute: tuple[tuple[Any, int, Any], ...] = ()
 
 
 def _is_size(value: Any) -> bool:
@@ -91,7 +94,32 @@ def lift(gm: fx.GraphModule) -> Lifted | None:
         elif node.op == "output":
             graph.output(fx.node.map_arg(node.args[0], env.__getitem__))
     lifted = fx.GraphModule(torch.nn.Module(), graph)
-    return Lifted(lifted, values, graph.python_code("self").src)
+    recompute = tuple((target, k, node.meta["recompute"]) for target, k, node in _calls(gm.graph)
+                      if "recompute" in node.meta)
+    key = graph.python_code("self").src + "".join(f"\n# recompute {target} #{k}" for target, k, _ in recompute)
+    return Lifted(lifted, values, key, recompute)
+
+
+def _calls(graph: fx.Graph):
+    """``(target, k, node)`` for every call, ``k`` counting the calls of that target."""
+    seen: dict[Any, int] = {}
+    for node in graph.nodes:
+        if node.op == "call_function":
+            seen[node.target] = k = seen.get(node.target, -1) + 1
+            yield node.target, k, node
+
+
+def retag(gm: fx.GraphModule, recompute: Sequence[tuple[Any, int, Any]]) -> fx.GraphModule:
+    """Put the ``recompute`` tags of a lifted graph back on Dynamo's trace of it (same calls, same order)."""
+    tags = {(target, k): policy for target, k, policy in recompute}
+    found = 0
+    for target, k, node in _calls(gm.graph):
+        if (target, k) in tags:
+            node.meta["recompute"] = tags[target, k]
+            found += 1
+    if found != len(tags):
+        log.info("relational: %d of %d recompute tags found again in the shared graph", found, len(tags))
+    return gm
 
 
 def _attribute(gm: fx.GraphModule, target: str) -> Any:
@@ -143,6 +171,18 @@ class SchemaCache:
 SCHEMAS = SchemaCache()
 
 
+def _inductor_with_tags(recompute: Sequence[tuple[Any, int, Any]]) -> Callable:
+    """Inductor as a Dynamo backend, on the graph with its recompute tags restored."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        gm = retag(gm, recompute)
+        with without_autograd_cache_if_tagged(gm):
+            return compile_fx(gm, example_inputs)
+
+    return backend
+
+
 def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options: Options, report: GraphReport,
                     grad: bool) -> tuple[Callable, bool]:
     """A callable running grouped graph ``gm`` on ``inputs``-like arguments, compiled for the autograd
@@ -166,7 +206,7 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
         start = time.perf_counter()
         # Parameter shapes stay static (Dynamo's ``force_parameter_static_shapes``); Dynamo traces
         # only the small grouped graph.
-        compiled = torch.compile(lifted.graph, backend="inductor", dynamic=True)
+        compiled = torch.compile(lifted.graph, backend=_inductor_with_tags(lifted.recompute), dynamic=True)
         try:
             with torch.set_grad_enabled(grad):
                 compiled(*args)

@@ -5,7 +5,7 @@ The first five build the vectorized graph; the rest optimize it and can be
 switched off one by one with ``options={"disable": ("name", ...)}``.
 """
 from . import (aggregation, cleanup, compose_gathers, cse, grouping, inplace, linear_layout, postpone_gathers,
-               simplify_gathers, vectorize)
+               recompute_gathers, simplify_gathers, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
@@ -20,9 +20,10 @@ PIPELINE = (
     ("simplify_gathers", simplify_gathers.run),  # identity / range gathers -> views
     ("linear_layout", linear_layout.run),  # tall, narrow linear -> (W x^T)^T where measured faster
     ("cleanup", cleanup.run),        # dead code, reshape chains, lint
+    ("recompute_gathers", recompute_gathers.run),  # edge-sized gathers: recompute in backward, not saved
 )
 
 #: the optimizer passes that ``options["disable"]`` may name
-OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers", "linear_layout")
+OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers", "linear_layout", "recompute_gathers")
 
 __all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]
