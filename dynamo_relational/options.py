@@ -63,7 +63,9 @@ class Options:
     #: Optimizer passes to skip, by name (see ``dynamo_relational.passes.OPTIONAL_PASSES``):
     #: ``"postpone_gathers"`` (row-wise ops before gathers), ``"compose_gathers"``
     #: (gathers of gathers read the original rows), ``"simplify_gathers"`` (range
-    #: gathers become slices), ``"linear_layout"`` (tall, narrow ``linear`` run as
+    #: gathers become slices), ``"absorb_gathers"`` (a gather after a reduction
+    #: becomes its segments), ``"fuse_linear"`` (consecutive linear maps become one),
+    #: ``"linear_layout"`` (tall, narrow ``linear`` run as
     #: the transposed product where timing shows it faster; only with ``autotune``),
     #: ``"recompute_gathers"`` (edge-sized gathers recomputed in the backward, not saved).
     disable: tuple[str, ...] = ()

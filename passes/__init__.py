@@ -4,8 +4,8 @@ Each pass is one module with ``run(graph_module, ctx) -> graph_module``.
 The first five build the vectorized graph; the rest optimize it and can be
 switched off one by one with ``options={"disable": ("name", ...)}``.
 """
-from . import (aggregation, cleanup, compose_gathers, cse, grouping, inplace, linear_layout, postpone_gathers,
-               recompute_gathers, simplify_gathers, vectorize)
+from . import (absorb_gathers, aggregation, cleanup, compose_gathers, cse, fuse_linear, grouping, inplace,
+               linear_layout, postpone_gathers, recompute_gathers, simplify_gathers, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
@@ -18,12 +18,15 @@ PIPELINE = (
     ("postpone_gathers", postpone_gathers.run),  # f(x[I]) -> f(x)[I] for row-wise f
     ("compose_gathers", compose_gathers.run),    # gathers of gathers read the original rows
     ("simplify_gathers", simplify_gathers.run),  # identity / range gathers -> views
+    ("absorb_gathers", absorb_gathers.run),  # f(reduce(z))[I] -> f(reduce over segments I of z)
+    ("fuse_linear", fuse_linear.run),  # linear(linear(x)) -> one linear, also through sum/mean gathers
     ("linear_layout", linear_layout.run),  # tall, narrow linear -> (W x^T)^T where measured faster
     ("cleanup", cleanup.run),        # dead code, reshape chains, lint
     ("recompute_gathers", recompute_gathers.run),  # edge-sized gathers: recompute in backward, not saved
 )
 
 #: the optimizer passes that ``options["disable"]`` may name
-OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers", "linear_layout", "recompute_gathers")
+OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers", "absorb_gathers", "fuse_linear",
+                   "linear_layout", "recompute_gathers")
 
 __all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]

@@ -213,8 +213,12 @@ class GroupBuilder:
 
         index = torch.tensor(rows, dtype=torch.long, device=device)
         csr = pack_csr(csr_offsets(counts, device), index, self.size[base])
-        return self.graph.call_function(torch.ops.dynamo_relational.gather_reduce.default,
+        node = self.graph.call_function(torch.ops.dynamo_relational.gather_reduce.default,
                                         (base, self.constant(csr, "csr"), len(counts), reduce))
+        info = tensor_info(base)
+        if info is not None:
+            node.meta["rel_info"] = TensorInfo((len(counts), *info.shape[1:]), info.dtype, info.device)
+        return node
 
     def copy(self, node: fx.Node) -> fx.Node:
         new = self.env[node] = self.graph.node_copy(node, self.value)

@@ -1,0 +1,120 @@
+"""Gather absorption: a row gather of a reduction's result becomes part of the reduction.
+
+Rewrites ``gather_rows(f(gather_reduce(z, csr, R)), I)`` into
+``f(gather_reduce(z, csr_I, len(I)))``, where segment ``j`` of ``csr_I`` is
+segment ``I[j]`` of ``csr`` and ``f`` is a chain of row-wise elementwise ops
+(unary ones, and binary ones whose other operand is broadcast along the rows,
+as a bias is).
+
+Legal because row ``i`` of a reduction depends on segment ``i`` alone, and a
+row-wise op computes row ``i`` from row ``i``: reading rows ``I`` of the
+result is reducing segments ``I``. Every op between must have no other user.
+
+The typical case is the output ``stack`` of a model where many neurons
+compute the same value, such as every node without in-neighbours in a GCN
+written with an accumulator: CSE merges those neurons into one row, and a
+final gather copies it out to all of them. Absorbed, each becomes an empty
+segment of the reduction, and the gather and its backward go away. Taken
+when it touches fewer elements: unfused ``E w + R c + |I| c_out`` (the
+reduction, the ops on ``R`` rows, the gather) against ``E' w + |I| c``, with
+``E`` and ``E'`` the reduced entries before and after (a duplicated non-empty
+segment is reduced again), ``w`` the width of the reduced rows, ``c`` the
+widths of the ops.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from dynamo_relational.kernels.gather_reduce import pack_csr
+from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops.elementwise import _BINARY, _UNARY
+
+from .context import PassContext
+from .gather_nodes import add_constant, as_gather, rows
+
+_GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
+_ROW_WISE = set(_UNARY + _BINARY) - {torch.clamp, torch.clip, torch.where, torch.lerp, torch.addcmul}
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    absorbed = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is _GATHER_ROWS and _absorb(gm, node):
+            absorbed += 1
+    ctx.stats["gathers_absorbed"] = absorbed
+    return gm
+
+
+def _row_operand(node: fx.Node) -> fx.Node | None:
+    """The one operand of a row-wise elementwise ``node`` that carries rows, else None."""
+    if node.op != "call_function" or node.target not in _ROW_WISE:
+        return None
+    out = tensor_info(node)
+    operands = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
+    if out is None or any(tensor_info(a) is None for a in operands):
+        return None
+    carrying = [a for a in operands if tensor_info(a).rank == out.rank]
+    broadcast = all(tensor_info(a).rank < out.rank for a in operands if a not in carrying)
+    return carrying[0] if len(carrying) == 1 and broadcast else None
+
+
+def _absorb(gm: fx.GraphModule, node: fx.Node) -> bool:
+    gather = as_gather(gm, node)
+    if gather is None:
+        return False
+    chain, source = [], gather.base   # the ops between, from the gather up
+    while True:
+        if len(source.users) != 1:
+            return False
+        reduction = as_gather(gm, source)
+        if reduction is not None:
+            break
+        operand = _row_operand(source)
+        if operand is None:
+            return False
+        chain.append(source)
+        source = operand
+    if not reduction.reduces or rows(reduction.base) is None:
+        return False
+    offsets, index, picked = reduction.offsets, reduction.index, gather.index
+    counts = (offsets[1:] - offsets[:-1])[picked]
+    new_offsets = torch.zeros(picked.shape[0] + 1, dtype=offsets.dtype, device=offsets.device)
+    torch.cumsum(counts, 0, out=new_offsets[1:])
+    within = torch.arange(int(new_offsets[-1]), device=index.device) - new_offsets[:-1].repeat_interleave(counts)
+    new_index = index[offsets[picked].repeat_interleave(counts) + within]
+
+    width = _width(reduction.base)
+    widths = [_width(op) for op in chain]
+    unfused = index.shape[0] * width + rows(source) * sum(widths) + picked.shape[0] * _width(node)
+    fused = new_index.shape[0] * width + picked.shape[0] * sum(widths)
+    if fused >= unfused:
+        return False
+    graph = gm.graph
+    with graph.inserting_before(node):
+        csr = add_constant(gm, pack_csr(new_offsets, new_index, rows(reduction.base)), "csr")
+        args = list(source.args)
+        args[1], args[2] = csr, picked.shape[0]
+        value = _with_rows(graph.create_node("call_function", source.target, tuple(args), dict(source.kwargs)),
+                           source, picked.shape[0])
+        for op, previous in zip(reversed(chain), [source, *reversed(chain)]):
+            value = _with_rows(graph.node_copy(op, lambda n, p=previous, v=value: v if n is p else n), op,
+                               picked.shape[0])
+    node.replace_all_uses_with(value)
+    for dead in (node, *chain, source):
+        graph.erase_node(dead)
+    return True
+
+
+def _width(node: fx.Node) -> int:
+    shape = tensor_info(node).shape
+    width = 1
+    for size in shape[1:]:
+        width *= size
+    return width
+
+
+def _with_rows(new: fx.Node, like: fx.Node, count: int) -> fx.Node:
+    info = tensor_info(like)
+    new.meta["rel_info"] = TensorInfo((count, *info.shape[1:]), info.dtype, info.device)
+    return new

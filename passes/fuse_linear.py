@@ -1,0 +1,124 @@
+"""Linear-operator fusion: two linear maps with nothing nonlinear in between become one.
+
+Rewrites, where the cost model below says the fused form multiplies less:
+
+* ``linear(linear(x, W1, b1), W2, b2)`` -> ``linear(x, W2 @ W1, W2 @ b1 + b2)``;
+* ``linear(gather_reduce(linear(x, W1), csr, sum|mean), W2, b2)`` ->
+  ``gather_reduce(linear(x, W2 @ W1), csr, sum|mean) + b2``, also through a
+  chain of such gathers: a sum or mean over rows is itself linear, so it
+  commutes with ``W2`` (layers without an activation, as in SGC).
+
+Legal because matrix products are associative and a per-segment sum or mean
+is a linear map of the rows. The inner ``linear`` must have no other user
+(its value disappears), and, through a reduction, no bias: a sum would count
+the bias once per row. ``W2 @ W1`` is computed in the graph at every call,
+so gradients reach both weights; results differ from eager only by the
+rounding of the reassociated products.
+
+Cost model (multiply-adds; rows ``R`` of ``x``, ``k -> m -> n`` features,
+``E`` rows gathered by the reductions in between): unfused
+``R k m + E m + R' m n``, fused ``n m k + R k n + E n``, with ``R'`` the
+rows of the result. The fused form is taken when it is cheaper, so a bottleneck
+(``m`` smaller than ``k`` and ``n``) stays as it is. What it saves: a product
+and the ``[R, m]`` intermediate (and its copy in the backward pass).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from dynamo_relational.ops import TensorInfo, tensor_info
+
+from .context import PassContext
+from .gather_nodes import as_gather
+
+_GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    fused = []
+    changed = True
+    while changed:   # a chain of three linears fuses in two rounds
+        changed = False
+        for node in list(gm.graph.nodes):
+            decision = _fusion(gm, node)
+            if decision is not None:
+                fused.append(decision.pop("record"))
+                _rewrite(gm.graph, node, **decision)
+                changed = True
+                break
+    ctx.stats["linears_fused"] = fused
+    return gm
+
+
+def _linear(node) -> tuple[fx.Node, fx.Node, fx.Node | None] | None:
+    """``(x, W, b)`` of a ``linear`` on 2-D rows with a 2-D weight, else None."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target is not F.linear:
+        return None
+    args = list(node.args) + [node.kwargs.get("bias")] if len(node.args) == 2 else list(node.args)
+    if len(args) != 3 or node.kwargs.keys() - {"bias"}:
+        return None
+    x, weight, bias = args
+    infos = [tensor_info(x), tensor_info(weight)]
+    if any(i is None or i.rank != 2 for i in infos):
+        return None
+    return x, weight, bias
+
+
+def _fusion(gm: fx.GraphModule, outer: fx.Node) -> dict | None:
+    """How to fuse ``outer`` with the linear before it, if that is legal and cheaper; else None."""
+    outer_linear = _linear(outer)
+    if outer_linear is None:
+        return None
+    inner, w2, b2 = outer_linear
+    chain, gathered = [], 0   # the sum/mean gathers between the two linears, last first
+    while inner.op == "call_function" and inner.target is _GATHER_REDUCE:
+        gather = as_gather(gm, inner)
+        if gather is None or inner.args[3] not in ("sum", "mean") or len(inner.users) != 1:
+            return None
+        chain.append(inner)
+        gathered += gather.index.shape[0]
+        inner = inner.args[0]
+    inner_linear = _linear(inner)
+    if inner_linear is None or len(inner.users) != 1 or any(a is inner for a in (w2, b2)):
+        return None
+    x, w1, b1 = inner_linear
+    if chain and b1 is not None:
+        return None
+    rows, (m, k), (n, _) = tensor_info(x).shape[0], tensor_info(w1).shape, tensor_info(w2).shape
+    rows_out = tensor_info(outer).shape[0]
+    unfused = rows * k * m + gathered * m + rows_out * m * n
+    fused = n * m * k + rows * k * n + gathered * n
+    if fused >= unfused:
+        return None
+    record = dict(node=outer.name, through=[g.args[3] for g in reversed(chain)], features=f"{k}->{m}->{n}",
+                  unfused=unfused, fused=fused)
+    return dict(x=x, w1=w1, b1=b1, w2=w2, b2=b2, chain=chain, inner=inner, record=record)
+
+
+def _rewrite(graph: fx.Graph, outer: fx.Node, x, w1, b1, w2, b2, chain, inner) -> None:
+    out_info, x_info, w_info = tensor_info(outer), tensor_info(x), tensor_info(w2)
+    dtype, device = out_info.dtype, out_info.device
+    n, k = w_info.shape[0], tensor_info(w1).shape[1]
+
+    def info(node: fx.Node, shape) -> fx.Node:
+        node.meta["rel_info"] = TensorInfo(tuple(shape), dtype, device)
+        return node
+
+    with graph.inserting_before(outer):
+        weight = info(graph.call_function(torch.mm, (w2, w1)), (n, k))
+        if b1 is not None:   # W2 (W1 x + b1) + b2 = (W2 W1) x + (W2 b1 + b2)
+            bias = info(graph.call_function(F.linear, (b1, w2, b2)), (n,))
+        else:
+            bias = None if chain else b2
+        result = info(graph.call_function(F.linear, (x, weight) if bias is None else (x, weight, bias)),
+                      (x_info.shape[0], n))
+        for gather in reversed(chain):   # the same reductions, now of n features instead of m
+            result = info(graph.call_function(_GATHER_REDUCE, (result, *gather.args[1:]), dict(gather.kwargs)),
+                          (tensor_info(gather).shape[0], n))
+        if chain and b2 is not None:
+            result = info(graph.call_function(torch.add, (result, b2)), out_info.shape)
+    outer.replace_all_uses_with(result)
+    for node in (outer, *chain, inner):
+        graph.erase_node(node)
