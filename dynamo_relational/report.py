@@ -150,10 +150,14 @@ class Report:
 
 
 def _choices(stats: dict[str, Any]) -> list[tuple[str, str]]:
-    """The choices made by timing, with the measured times (``explain()`` prints them)."""
-    rows = [(f"linear layout {c['node']} [{c['shape']}]",
-             f"{c['layout']} (plain {c['plain_ms']:.3f} ms, transposed {c['transposed_ms']:.3f} ms)")
-            for c in stats.get("linear_layout", [])]
+    """The choices made by timing, with the measured times, and by the cost model, with its estimates
+    (``explain()`` prints them)."""
+    rows = [(f"{c['pass_']} {c['node']}",
+             f"{c['choice']} (estimated " + ", ".join(f"{k} {us:.3g} us" for k, us in c["estimates_us"].items()) + ")")
+            for c in stats.get("cost_choices", [])]
+    rows += [(f"linear layout {c['node']} [{c['shape']}]",
+              f"{c['layout']} (plain {c['plain_ms']:.3f} ms, transposed {c['transposed_ms']:.3f} ms)")
+             for c in stats.get("linear_layout", [])]
     if "executor" in stats:
         times = ", ".join(f"{name} {ms:.3f} ms" for name, ms in stats.get("executor_ms", {}).items())
         rows.append(("executor", f"{stats['executor']} ({times})"))

@@ -15,17 +15,19 @@ compute the same value, such as every node without in-neighbours in a GCN
 written with an accumulator: CSE merges those neurons into one row, and a
 final gather copies it out to all of them. Absorbed, each becomes an empty
 segment of the reduction, and the gather and its backward go away. Taken
-when it touches fewer elements: unfused ``E w + R c + |I| c_out`` (the
-reduction, the ops on ``R`` rows, the gather) against ``E' w + |I| c``, with
-``E`` and ``E'`` the reduced entries before and after (a duplicated non-empty
-segment is reduced again), ``w`` the width of the reduced rows, ``c`` the
-widths of the ops.
+where :mod:`dynamo_relational.cost` (FLOPs plus bytes on the graph's device)
+estimates it cheaper: unfused, the reduction of ``E`` entries into ``R``
+rows, the ops on ``R`` rows and the gather of ``|I|`` rows; absorbed, the
+reduction of ``E'`` entries into ``|I|`` rows (a duplicated non-empty segment
+is reduced again) and the ops on ``|I|`` rows. Both estimates of every
+candidate are in ``stats["cost_choices"]`` (printed by ``explain()``).
 """
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
 
+from dynamo_relational import cost
 from dynamo_relational.kernels.gather_reduce import pack_csr
 from dynamo_relational.ops import TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import _BINARY, _UNARY
@@ -40,7 +42,7 @@ _ROW_WISE = set(_UNARY + _BINARY) - {torch.clamp, torch.clip, torch.where, torch
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     absorbed = 0
     for node in list(gm.graph.nodes):
-        if node.op == "call_function" and node.target is _GATHER_ROWS and _absorb(gm, node):
+        if node.op == "call_function" and node.target is _GATHER_ROWS and _absorb(gm, node, ctx):
             absorbed += 1
     ctx.stats["gathers_absorbed"] = absorbed
     return gm
@@ -59,7 +61,7 @@ def _row_operand(node: fx.Node) -> fx.Node | None:
     return carrying[0] if len(carrying) == 1 and broadcast else None
 
 
-def _absorb(gm: fx.GraphModule, node: fx.Node) -> bool:
+def _absorb(gm: fx.GraphModule, node: fx.Node, ctx: PassContext) -> bool:
     gather = as_gather(gm, node)
     if gather is None:
         return False
@@ -84,11 +86,20 @@ def _absorb(gm: fx.GraphModule, node: fx.Node) -> bool:
     within = torch.arange(int(new_offsets[-1]), device=index.device) - new_offsets[:-1].repeat_interleave(counts)
     new_index = index[offsets[picked].repeat_interleave(counts) + within]
 
-    width = _width(reduction.base)
-    widths = [_width(op) for op in chain]
-    unfused = index.shape[0] * width + rows(source) * sum(widths) + picked.shape[0] * _width(node)
-    fused = new_index.shape[0] * width + picked.shape[0] * sum(widths)
-    if fused >= unfused:
+    info = tensor_info(node)
+    item, width = info.dtype.itemsize, _width(reduction.base)
+
+    def ops(count: int) -> cost.Cost:
+        return sum((cost.elementwise(count, _width(op), item) for op in chain), cost.Cost())
+
+    unfused = (cost.gather_reduce(index.shape[0], rows(source), width, item) + ops(rows(source))
+               + cost.gather(picked.shape[0], _width(node), item))
+    fused = cost.gather_reduce(new_index.shape[0], picked.shape[0], width, item) + ops(picked.shape[0])
+    unfused_us, fused_us = unfused.seconds(info.device) * 1e6, fused.seconds(info.device) * 1e6
+    ctx.stats.setdefault("cost_choices", []).append(dict(
+        pass_="absorb_gathers", node=node.name, choice="absorbed" if fused_us < unfused_us else "kept",
+        estimates_us={"unfused": unfused_us, "absorbed": fused_us}))
+    if fused_us >= unfused_us:
         return False
     graph = gm.graph
     with graph.inserting_before(node):

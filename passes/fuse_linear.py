@@ -15,12 +15,14 @@ the bias once per row. ``W2 @ W1`` is computed in the graph at every call,
 so gradients reach both weights; results differ from eager only by the
 rounding of the reassociated products.
 
-Cost model (multiply-adds; rows ``R`` of ``x``, ``k -> m -> n`` features,
-``E`` rows gathered by the reductions in between): unfused
-``R k m + E m + R' m n``, fused ``n m k + R k n + E n``, with ``R'`` the
-rows of the result. The fused form is taken when it is cheaper, so a bottleneck
-(``m`` smaller than ``k`` and ``n``) stays as it is. What it saves: a product
-and the ``[R, m]`` intermediate (and its copy in the backward pass).
+Cost (:mod:`dynamo_relational.cost`, FLOPs plus bytes on the graph's device;
+rows ``R`` of ``x``, ``k -> m -> n`` features): unfused, the products
+``[R, k] x [k, m]`` and ``[R', m] x [m, n]`` and the reductions on ``m``
+features; fused, ``[n, m] x [m, k]``, ``[R, k] x [k, n]`` and the reductions
+on ``n`` features. The cheaper is taken, so a bottleneck (``m`` smaller than
+``k`` and ``n``) stays as it is. What it saves: a product and the ``[R, m]``
+intermediate (and its copy in the backward pass). Every candidate's two
+estimates are in ``stats["cost_choices"]`` (printed by ``explain()``).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from dynamo_relational import cost
 from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
@@ -37,18 +40,23 @@ _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    fused = []
+    fused, estimates = [], {}
     changed = True
     while changed:   # a chain of three linears fuses in two rounds
         changed = False
         for node in list(gm.graph.nodes):
             decision = _fusion(gm, node)
-            if decision is not None:
-                fused.append(decision.pop("record"))
+            if decision is None:
+                continue
+            record = decision.pop("record")
+            estimates[node.name] = record
+            if record["choice"] == "fused":
+                fused.append(record)
                 _rewrite(gm.graph, node, **decision)
                 changed = True
                 break
     ctx.stats["linears_fused"] = fused
+    ctx.stats.setdefault("cost_choices", []).extend(estimates.values())
     return gm
 
 
@@ -67,18 +75,20 @@ def _linear(node) -> tuple[fx.Node, fx.Node, fx.Node | None] | None:
 
 
 def _fusion(gm: fx.GraphModule, outer: fx.Node) -> dict | None:
-    """How to fuse ``outer`` with the linear before it, if that is legal and cheaper; else None."""
+    """How to fuse ``outer`` with the linear before it, where legal (None where not), with the
+    estimates of both forms and the choice between them in ``record``."""
     outer_linear = _linear(outer)
     if outer_linear is None:
         return None
     inner, w2, b2 = outer_linear
-    chain, gathered = [], 0   # the sum/mean gathers between the two linears, last first
+    chain, reductions = [], []   # the sum/mean gathers between the two linears, last first
     while inner.op == "call_function" and inner.target is _GATHER_REDUCE:
         gather = as_gather(gm, inner)
-        if gather is None or inner.args[3] not in ("sum", "mean") or len(inner.users) != 1:
+        if gather is None or inner.args[3] not in ("sum", "mean") or len(inner.users) != 1 \
+                or tensor_info(inner) is None:
             return None
         chain.append(inner)
-        gathered += gather.index.shape[0]
+        reductions.append((gather.index.shape[0], tensor_info(inner).shape[0]))
         inner = inner.args[0]
     inner_linear = _linear(inner)
     if inner_linear is None or len(inner.users) != 1 or any(a is inner for a in (w2, b2)):
@@ -87,13 +97,18 @@ def _fusion(gm: fx.GraphModule, outer: fx.Node) -> dict | None:
     if chain and b1 is not None:
         return None
     rows, (m, k), (n, _) = tensor_info(x).shape[0], tensor_info(w1).shape, tensor_info(w2).shape
-    rows_out = tensor_info(outer).shape[0]
-    unfused = rows * k * m + gathered * m + rows_out * m * n
-    fused = n * m * k + rows * k * n + gathered * n
-    if fused >= unfused:
-        return None
-    record = dict(node=outer.name, through=[g.args[3] for g in reversed(chain)], features=f"{k}->{m}->{n}",
-                  unfused=unfused, fused=fused)
+    out = tensor_info(outer)
+    item = out.dtype.itemsize
+
+    def reduced(width: int) -> cost.Cost:
+        return sum((cost.gather_reduce(entries, count, width, item) for entries, count in reductions), cost.Cost())
+
+    unfused = cost.linear(rows, k, m, item) + reduced(m) + cost.linear(out.shape[0], m, n, item)
+    fused = cost.linear(n, m, k, item) + cost.linear(rows, k, n, item) + reduced(n)
+    unfused_us, fused_us = unfused.seconds(out.device) * 1e6, fused.seconds(out.device) * 1e6
+    record = dict(pass_="fuse_linear", node=outer.name, choice="fused" if fused_us < unfused_us else "kept",
+                  through=[g.args[3] for g in reversed(chain)], features=f"{k}->{m}->{n}",
+                  estimates_us={"unfused": unfused_us, "fused": fused_us})
     return dict(x=x, w1=w1, b1=b1, w2=w2, b2=b2, chain=chain, inner=inner, record=record)
 
 

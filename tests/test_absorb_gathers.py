@@ -1,5 +1,7 @@
 """passes/absorb_gathers.py: a row gather after a reduction (through row-wise ops) becomes segments of the
 reduction where that touches fewer elements, and the compiled model equals eager."""
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -41,3 +43,17 @@ def test_a_readout_that_repeats_long_segments_keeps_its_gather():
     compiled = assert_fast_compile_matches_eager(RepeatedSums(5).double(), torch.randn(80, 5, dtype=torch.float64),
                                                  autotune=False)
     assert _absorbed(compiled) == 0
+
+
+def test_explain_prints_both_estimates_of_the_choice():
+    import dynamo_relational
+
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2)
+    text = str(dynamo_relational.explain(STYLES["accumulator"](batch), batch.x, inductor=False))
+    # (traced by Dynamo, the zero accumulator stays a term of every sum, so absorbing may not pay here)
+    found = re.search(r"absorb_gathers \S+ +(absorbed|kept) \(estimated unfused ([\d.e+-]+) us, absorbed ([\d.e+-]+) us\)",
+                      text)
+    assert found, text
+    choice, unfused, absorbed = found.group(1), float(found.group(2)), float(found.group(3))
+    assert (choice == "absorbed") == (absorbed < unfused) or unfused == absorbed
