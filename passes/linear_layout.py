@@ -125,7 +125,8 @@ def _measure(m: int, k: int, n: int, has_bias: bool, x_grad: bool, contiguous: b
     def both(form):
         with torch.no_grad():
             form()
-        form().backward(grad)
+        with torch.enable_grad():   # (the graph may be compiled under no_grad, an inference call)
+            form().backward(grad)
 
     with unset_fake_temporarily():   # real tensors even when called inside TorchDynamo's compilation
         x = torch.randn(m, k, dtype=dtype, requires_grad=x_grad)

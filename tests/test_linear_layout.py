@@ -116,3 +116,14 @@ def test_choices_are_printed_by_explain(forced):
     forced(plain=1.0, transposed=0.5)
     report = dynamo_relational.explain(RowsThenSum(96), torch.randn(96, 16), inductor=False, strict=True)
     assert "linear layout" in str(report) and "transposed" in str(report)
+
+
+def test_a_graph_compiled_under_no_grad_is_timed_too(monkeypatch):
+    """An inference call compiles under ``no_grad``; the measurement still times the backward."""
+    monkeypatch.setattr(linear_layout, "_MEASURED", {})
+    model, x = RowsThenSum(96), torch.randn(96, 16)
+    with torch.no_grad():
+        report = dynamo_relational.explain(model, x, inductor=False, strict=True)
+        torch.testing.assert_close(report.compiled(x), model(x))
+    (choice,) = _choices(report)
+    assert choice["plain_ms"] > 0 and choice["transposed_ms"] > 0
