@@ -50,6 +50,15 @@ if AVAILABLE:
             return tl.load(pointers, mask=mask, other=0.0).to(ACC)
 
     @triton.jit
+    def _read(source, index, entry, live, cols, col_mask, source_stride, HAS_INDEX: tl.constexpr,
+              REDUCE: tl.constexpr, ACC: tl.constexpr):
+        """The rows of the live entries (through ``index`` if there is one), the neutral value elsewhere."""
+        if HAS_INDEX:
+            entry = tl.load(index + entry, mask=live, other=0).to(tl.int64)
+        return _load(source + entry[:, None] * source_stride + cols[None, :], live[:, None] & col_mask[None, :],
+                     REDUCE, ACC)
+
+    @triton.jit
     def _combine(acc, values, REDUCE: tl.constexpr):
         if REDUCE == 2:
             return tl.maximum(acc, values)
@@ -80,12 +89,8 @@ if AVAILABLE:
         count = tl.load(offsets + row + 1, mask=row_mask, other=0).to(tl.int64) - start
         acc = _init(BLOCK_R, BLOCK_F, REDUCE, ACC)
         for step in range(0, tl.max(count)):
-            live = step < count
-            entry = start + step
-            if HAS_INDEX:
-                entry = tl.load(index + entry, mask=live, other=0).to(tl.int64)
-            values = _load(source + entry[:, None] * source_stride + cols[None, :],
-                           live[:, None] & col_mask[None, :], REDUCE, ACC)
+            values = _read(source, index, start + step, step < count, cols, col_mask, source_stride,
+                           HAS_INDEX, REDUCE, ACC)
             acc = _combine(acc, values, REDUCE)
         acc = _finish(acc, count[:, None], EMPTY_MEAN_IS_ZERO, REDUCE, ACC)
         tl.store(out + row[:, None] * out_stride + cols[None, :], acc.to(out.dtype.element_ty),
@@ -104,12 +109,8 @@ if AVAILABLE:
         acc = _init(BLOCK_E, BLOCK_F, REDUCE, ACC)
         for first in range(0, count, BLOCK_E):
             step = first + tl.arange(0, BLOCK_E)
-            live = step < count
-            entry = start + step
-            if HAS_INDEX:
-                entry = tl.load(index + entry, mask=live, other=0).to(tl.int64)
-            values = _load(source + entry[:, None] * source_stride + cols[None, :],
-                           live[:, None] & col_mask[None, :], REDUCE, ACC)
+            values = _read(source, index, start + step, step < count, cols, col_mask, source_stride,
+                           HAS_INDEX, REDUCE, ACC)
             acc = _combine(acc, values, REDUCE)
         if REDUCE == 2:
             total = tl.max(acc, axis=0)

@@ -24,6 +24,8 @@ candidate are in ``stats["cost_choices"]`` (printed by ``explain()``).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.fx as fx
 
@@ -118,11 +120,7 @@ def _absorb(gm: fx.GraphModule, node: fx.Node, ctx: PassContext) -> bool:
 
 
 def _width(node: fx.Node) -> int:
-    shape = tensor_info(node).shape
-    width = 1
-    for size in shape[1:]:
-        width *= size
-    return width
+    return math.prod(tensor_info(node).shape[1:])
 
 
 def _with_rows(new: fx.Node, like: fx.Node, count: int) -> fx.Node:
