@@ -32,28 +32,46 @@ _STACK_REDUCERS = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", tor
                    "sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin"}
 
 
+_Node = fx.Node
+_ZERO_FACTORIES = (torch.zeros, torch.zeros_like)
+
+
 def _is_zero(value, like=None) -> bool:
     """A Python 0, or (given the sum's ``like`` info) a ``torch.zeros`` of exactly that shape and dtype."""
-    if type(value) in (int, float):
+    kind = type(value)
+    if kind is int or kind is float:
         return value == 0
-    return like is not None and is_zeros(value) and tensor_info(value) == like
+    if like is None:
+        return False
+    if kind is _Node:   # is_zeros' own first tests, without the call for the common non-zero node
+        op = value.op
+        if op == "call_function":
+            return value.target in _ZERO_FACTORIES and tensor_info(value) == like
+        if op != "get_attr":
+            return False
+    return is_zeros(value) and tensor_info(value) == like
 
 
 def _addends(node: fx.Node):
     """The two operands of ``node`` if it is an aggregable addition, else None."""
     if node.op not in ("call_function", "call_method") or node.target not in _ADD or node.kwargs:
         return None
-    if len(node.args) != 2:
+    args = node.args
+    if len(args) != 2:
         return None
     info = tensor_info(node)
     if info is None:
         return None
-    for a in node.args:
-        if not (_is_zero(a) or (isinstance(a, fx.Node) and tensor_info(a) == info)):
+    for a in args:   # each a Python 0 or a node of the sum's info (interned: compared by identity)
+        kind = type(a)
+        if kind is int or kind is float:
+            if not a == 0:
+                return None
+        elif not (isinstance(a, fx.Node) and tensor_info(a) is info):
             return None
-    if all(_is_zero(a, info) for a in node.args):
+    if _is_zero(args[0], info) and _is_zero(args[1], info):
         return None
-    return node.args
+    return args
 
 
 def _stack_reduction(node: fx.Node):
@@ -84,12 +102,15 @@ def _stack_reduction(node: fx.Node):
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     graph = gm.graph
-    additions = {node for node in graph.nodes if _addends(node) is not None}
+    additions = {node for node in _candidates(graph, _ADD) if _addends(node) is not None}
+    reducers = set(_candidates(graph, _STACK_REDUCERS))
     stack_sums: dict[fx.Node, list] = {}   # torch.stack(...).sum(0) aggregations: a sum may absorb their terms
     rewritten = 0
     for node in list(graph.nodes):
+        if node not in additions and node not in reducers:
+            continue   # neither an addition nor a reduction: nothing to do (the checks below say the same)
         absorbed: list[fx.Node] = []
-        stacked = _stack_reduction(node)
+        stacked = _stack_reduction(node) if node in reducers else None
         if stacked is not None:
             terms, reduce = stacked
         elif node in additions:
@@ -101,9 +122,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         assert reduce in REDUCTIONS
         with graph.inserting_before(node):
             # Arguments set after creation: create_node walks them looking for SymInts, slow for long lists.
-            agg = graph.call_function(aggregate_fn)
+            # The name is the one fx derives from the target, given so that fx need not derive it per node.
+            agg = graph.create_node("call_function", aggregate_fn, name=_AGGREGATE_NAME)
         agg.args = (terms, reduce)
-        agg.meta = dict(node.meta)
+        agg.meta.update(node.meta)   # the new node's own (empty) dict: no attribute assignment
         node.replace_all_uses_with(agg)
         _erase_dead_chain(graph, node)
         for inner in dict.fromkeys(absorbed):   # parents first: each is unused once its parent is gone
@@ -115,6 +137,23 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     return gm
 
 
+_AGGREGATE_NAME = fx.Graph()._target_to_str(aggregate_fn)
+
+
+def _candidates(graph: fx.Graph, targets) -> list[fx.Node]:
+    """The call_function and call_method nodes whose target is in ``targets`` (functions and method
+    names), found through the graph's index of nodes by target instead of a walk over all nodes."""
+    found = []
+    for target in targets:
+        if isinstance(target, str):
+            continue
+        found.extend(graph.find_nodes(op="call_function", target=target, sort=False))
+    names = {t for t in targets if isinstance(t, str)}   # (the order is irrelevant: callers make sets)
+    if names:
+        found.extend(n for n in graph.find_nodes(op="call_method", sort=False) if n.target in names)
+    return found
+
+
 def _feeds_one_addition(node: fx.Node, additions: set) -> bool:
     return len(node.users) == 1 and next(iter(node.users)) in additions
 
@@ -124,16 +163,17 @@ def _sum_terms(root: fx.Node, additions: set, stack_sums: dict, info, absorbed: 
     that feed only this tree are opened up (and listed in ``absorbed``, parents first; ``a + a``
     lists ``a`` twice), zeros dropped."""
     terms = []
-    pending: list = [root]
+    pending: list = [root]   # nodes to open up, and leaves wrapped in a 1-tuple (a node is never a tuple)
     while pending:
         item = pending.pop()
-        if type(item) is _Term:
-            terms.append(item.value)
+        if type(item) is tuple:
+            terms.append(item[0])
             continue
         if item is not root:
             absorbed.append(item)
-            if item in stack_sums:
-                terms.extend(stack_sums[item])
+            inner = stack_sums.get(item)
+            if inner is not None:
+                terms.extend(inner)
                 continue
         for a in reversed(item.args):   # reversed: the left operand is popped first
             if _is_zero(a, info):
@@ -141,16 +181,8 @@ def _sum_terms(root: fx.Node, additions: set, stack_sums: dict, info, absorbed: 
             if isinstance(a, fx.Node) and len(a.users) == 1 and (a in additions or a in stack_sums):
                 pending.append(a)
             else:
-                pending.append(_Term(a))
+                pending.append((a,))
     return terms
-
-
-class _Term:
-    """A leaf of the addition tree, kept in order on the work stack."""
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
 
 
 def _erase_dead_chain(graph: fx.Graph, node: fx.Node) -> None:

@@ -14,18 +14,43 @@ from __future__ import annotations
 
 import torch
 import torch.fx as fx
+from torch.fx.immutable_collections import immutable_list
 
 from dynamo_relational.ops import REGISTRY
 
 from .context import PassContext
-from .inplace import is_in_place
+from .inplace import is_in_place, target_in_place
 
 
 class _Unhashable(Exception):
     pass
 
 
+_Node = fx.Node
+#: constants keyed as (type name, value) without further checks: hashable, compared by value
+_PLAIN = {int: "int", float: "float", bool: "bool", str: "str", type(None): "NoneType"}
+#: sequences keyed as (type name, frozen items); fx stores a node's lists as immutable_list
+_SEQUENCES = {tuple: "tuple", list: "list", immutable_list: "immutable_list"}
+
+
 def _freeze(value):
+    """A hashable key for ``value``: nodes by identity, constants by type and value.
+
+    The common cases (a node, a plain constant, a list or tuple of them) are answered first;
+    they give exactly the key that the general case below would."""
+    kind = type(value)
+    if kind is _Node:
+        return value
+    name = _PLAIN.get(kind)
+    if name is not None:
+        return (name, value)
+    name = _SEQUENCES.get(kind)
+    if name is not None:
+        return (name, tuple([v if type(v) is _Node else _freeze(v) for v in value]))
+    return _freeze_general(value)
+
+
+def _freeze_general(value):
     if isinstance(value, fx.Node):
         return value
     if isinstance(value, (list, tuple)):
@@ -96,25 +121,64 @@ def _constant_key(gm: fx.GraphModule, node: fx.Node):
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if ctx.mutations:
         return gm
+    graph = gm.graph
     seen: dict = {}
     removed = 0
-    for node in list(gm.graph.nodes):
-        if node.op == "get_attr":
+    skipped: dict = {}   # (op, target) -> whether nodes of that op and target are never merged
+    no_kwargs = _freeze({})
+    for node in list(graph.nodes):
+        op = node.op
+        if op == "get_attr":
             key = _constant_key(gm, node)
             if key is None:
                 continue
-        elif (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not _is_factory(node)) \
-                or is_in_place(node):
+        elif op == "placeholder" or op == "output":
             continue
         else:
+            target, kwargs = node.target, node.kwargs
             try:
-                key = (node.op, node.target, _freeze(node.args), _freeze(node.kwargs))
+                skip = skipped.get((op, target))
+                if skip is None:
+                    skip = skipped[(op, target)] = _skipped_by_target(node)
+            except TypeError:   # unhashable target
+                skip = _skipped_by_target(node)
+            if skip is _DEPENDS:
+                skip = _skipped(node)
+            elif not skip and kwargs and (kwargs.get("inplace") is True or "out" in kwargs):
+                skip = True   # is_in_place's check of the keywords, the rest of it is in _skipped_by_target
+            if skip:
+                continue
+            try:
+                key = (op, target, _freeze(node.args), _freeze(kwargs) if kwargs else no_kwargs)
             except _Unhashable:
                 continue
         twin = seen.setdefault(key, node)
         if twin is not node:
             node.replace_all_uses_with(twin)
-            gm.graph.erase_node(node)
+            graph.erase_node(node)
             removed += 1
     ctx.stats["cse_removed"] = removed
     return gm
+
+
+def _skipped(node: fx.Node) -> bool:
+    """Nodes that never merge: ops outside the catalog that are not known pure views or
+    factories, and in-place ops."""
+    return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not _is_factory(node)) \
+        or is_in_place(node)
+
+
+#: what :func:`_skipped_by_target` answers where a node's arguments decide (``getattr(W, "T")``)
+_DEPENDS = "depends on the arguments"
+
+
+def _skipped_by_target(node: fx.Node):
+    """:func:`_skipped` for every node of ``node``'s op and target, leaving out the check of the
+    ``inplace=``/``out=`` keywords (the caller makes it per node); :data:`_DEPENDS` where the
+    arguments decide. Every part of it depends on the op and target alone except
+    ``_is_pure_view`` of ``getattr``."""
+    op, target = node.op, node.target
+    if op == "call_function" and target is getattr:
+        return _DEPENDS
+    return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not _is_factory(node)) \
+        or target_in_place(op, target)

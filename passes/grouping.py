@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch.fx as fx
 
-from dynamo_relational.ops import NeuronOp, describe, tensor_info
+from dynamo_relational.ops import NeuronOp, describe
 
 from . import schedule
 from .context import PassContext
@@ -60,21 +60,22 @@ def code_site(node: fx.Node) -> str:
 def _member_numel(op: NeuronOp) -> int:
     """The size that makes an op "large": its output, or for a stack/aggregation its largest
     term (``torch.stack`` of thousands of small neuron rows is the pattern to vectorize)."""
-    if op.variadic:
-        return max((t.numel for t in map(tensor_info, op.operands) if t is not None), default=0)
-    return op.info.numel
+    return op.family.member_numel(op)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     opts = ctx.options
-    units = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    units = [n for n in gm.graph.nodes if n.op in _UNIT_OPS]
     index = {n: i for i, n in enumerate(units)}
     ops: list[NeuronOp | None] = []
+    max_numel = opts.max_member_numel
     for node in units:
         op = describe(node) if not ctx.mutations else f"graph has in-place ops: {ctx.mutations[0]}"
-        if isinstance(op, NeuronOp) and _member_numel(op) > opts.max_member_numel:
-            op = f"{_member_numel(op)} elements per neuron > max_member_numel ({opts.max_member_numel})"
-        if isinstance(op, str):
+        if type(op) is not str:
+            numel = _member_numel(op)
+            if numel > max_numel:
+                op = f"{numel} elements per neuron > max_member_numel ({max_numel})"
+        if type(op) is str:
             ctx.leave_ungrouped(node, op)
             op = None
         ops.append(op)
@@ -83,10 +84,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         ctx.groups = [Group([n], None) for n in units]
         ctx.stats.update(units=len(units), groups=len(units), schedule="original order")
         return gm
-    groupable = {units[i] for i, op in enumerate(ops) if op is not None}
-    keys = [_typed_key(op, groupable) if op else None for op in ops]
-    _relax_typed_keys(ops, keys, opts.max_typed_groups)
-    preds = [[index[a] for a in n.all_input_nodes if a in index] for n in units]
+    # Signatures as small ints (equal keys, equal ints): the schedules hash each of them several
+    # times, and a key is a deep tuple.
+    keys = _signature_ids(ops, units, opts.max_typed_groups)
+    position = index.get
+    preds = [[i for i in map(position, n.all_input_nodes) if i is not None] for n in units]
     # Ops outside the catalog may be impure (random numbers, I/O): keep their relative order.
     previous_alone = None
     for i, op in enumerate(ops):
@@ -104,7 +106,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     # once a candidate reaches that, the later ones cannot win the min below.
     floor = max(max(depth, default=-1) + 1, len(set(k for k in keys if k is not None)) + keys.count(None))
     for hint in hints:
-        sigs = keys if not hint else [None if k is None else (k, code_site(units[i])) for i, k in enumerate(keys)]
+        sigs = keys if not hint else _with_code_sites(keys, units)
         for name in names:
             groups = algorithms[name](preds, sigs, depth)
             candidates.append((len(groups), len(candidates), f"{name}{'+site' if hint else ''}", groups))
@@ -124,19 +126,57 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     return gm
 
 
-def _typed_key(op: NeuronOp, groupable: set) -> tuple:
-    if op.variadic:
-        return op.key
-    return op.key + (tuple(o if (o is not None and o not in groupable) else None for o in op.operands),)
+_UNIT_OPS = frozenset(("call_function", "call_method", "call_module"))
 
 
-def _relax_typed_keys(ops, keys, max_typed: int) -> None:
-    """Drop weight identity from keys that would otherwise split into too many groups."""
-    variants: dict[tuple, set] = defaultdict(set)
-    for op, key in zip(ops, keys):
-        if op is not None and not op.variadic:
-            variants[op.key].add(key)
-    crowded = {k for k, v in variants.items() if len(v) > max_typed}
-    for i, op in enumerate(ops):
-        if op is not None and op.key in crowded:
-            keys[i] = op.key + ("any weights",)
+def _signature_ids(ops: list, units: list, max_typed: int) -> list:
+    """Each unit's signature as an int, None for a unit that runs alone.
+
+    The signature is the op's key plus, for fixed-arity ops, which operands that are not
+    themselves grouped (weights, inputs) it reads; where more than ``max_typed`` such variants
+    share one key, the operands are left out ("any weights": the weights are gathered). Two
+    units get the same int exactly when these signatures are equal."""
+    groupable = {units[i] for i, op in enumerate(ops) if op is not None}
+    base: dict = {}      # op.key -> int
+    typed: dict = {}     # (tag, base int[, operands]) -> int
+    base_ids, ids = [], []
+    variants: dict[int, set] = defaultdict(set)
+    for op in ops:
+        if op is None:
+            base_ids.append(None)
+            ids.append(None)
+            continue
+        b = base.get(op.key)
+        if b is None:
+            b = base[op.key] = len(base)
+        base_ids.append(b)
+        if op.variadic:
+            ids.append(typed.setdefault(("variadic", b), len(typed)))
+            continue
+        weights = tuple([o if (o is not None and o not in groupable) else None for o in op.operands])
+        t = typed.setdefault(("typed", b, weights), len(typed))
+        ids.append(t)
+        variants[b].add(t)
+    crowded = {b for b, v in variants.items() if len(v) > max_typed}
+    if crowded:
+        for i, op in enumerate(ops):
+            if op is not None and base_ids[i] in crowded:
+                ids[i] = typed.setdefault(("any weights", base_ids[i]), len(typed))
+    return ids
+
+
+def _with_code_sites(keys: list, units: list) -> list:
+    """``keys`` refined by each unit's code site (the source-line hint), again as ints."""
+    sites: dict = {}     # stack trace -> its code site (many nodes share one trace's text)
+    ids: dict = {}
+    out = []
+    for key, node in zip(keys, units):
+        if key is None:
+            out.append(None)
+            continue
+        trace = node.meta.get("stack_trace") or ""
+        site = sites.get(trace)
+        if site is None:
+            site = sites[trace] = code_site(node)
+        out.append(ids.setdefault((key, site), len(ids)))
+    return out

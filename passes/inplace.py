@@ -34,19 +34,48 @@ _FRESH_FAMILIES = (ELEMENTWISE, MATMUL, LINEAR, AGGREGATE, REDUCE)
 
 
 def is_in_place(node: fx.Node) -> bool:
-    if node.op not in ("call_function", "call_method"):
+    op = node.op
+    if op != "call_function" and op != "call_method":
         return False
-    if node.kwargs.get("inplace") is True or "out" in node.kwargs:
+    kwargs = node.kwargs
+    if kwargs and (kwargs.get("inplace") is True or "out" in kwargs):
         return True
-    if node.op == "call_function":
+    return target_in_place(op, node.target)
+
+
+def target_in_place(op: str, target) -> bool:
+    """:func:`is_in_place` for a call (``op`` ``call_function`` or ``call_method``) of ``target``
+    without keyword arguments: computed once per op and target, not once per node."""
+    if op != "call_function" and op != "call_method":
+        return False
+    cache = _IN_PLACE_FUNCTION_TARGETS if op == "call_function" else _IN_PLACE_METHOD_TARGETS
+    try:
+        return cache[target]
+    except KeyError:
+        pass
+    except TypeError:   # unhashable target
+        return _in_place_target(op, target)
+    result = cache[target] = _in_place_target(op, target)
+    if len(cache) > 4096:   # targets are few; a bound keeps a long-lived process from collecting them
+        cache.clear()
+    return result
+
+
+_IN_PLACE_FUNCTION_TARGETS: dict = {}
+_IN_PLACE_METHOD_TARGETS: dict = {}
+
+
+def _in_place_target(op: str, target) -> bool:
+    """Whether calling ``target`` (a function, or a method name) mutates its first operand."""
+    if op == "call_function":
         try:
-            if node.target in _IN_PLACE_FUNCTIONS:
+            if target in _IN_PLACE_FUNCTIONS:
                 return True
         except TypeError:
             return False
-        name = getattr(node.target, "__name__", "")
+        name = getattr(target, "__name__", "")
     else:
-        name = node.target
+        name = target
     return name.endswith("_") and not name.endswith("__")
 
 

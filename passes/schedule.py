@@ -8,7 +8,6 @@ dependency. Both schedules are linear in the graph size.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Hashable, Sequence
 
 
@@ -16,7 +15,7 @@ def asap_depths(preds: Sequence[Sequence[int]]) -> list[int]:
     depth = [0] * len(preds)
     for i, ps in enumerate(preds):
         if ps:
-            depth[i] = 1 + max(depth[p] for p in ps)
+            depth[i] = 1 + max([depth[p] for p in ps])
     return depth
 
 
@@ -29,7 +28,11 @@ def asap(preds, signatures, depth=None) -> list[list[int]]:
     groups: dict[Hashable, list[int]] = {}
     for i, sig in enumerate(signatures):
         key = (depth[i], ("alone", i) if sig is None else sig)
-        groups.setdefault(key, []).append(i)
+        members = groups.get(key)
+        if members is None:
+            groups[key] = [i]
+        else:
+            members.append(i)
     return [groups[key] for key in sorted(groups, key=lambda k: (k[0], groups[k][0]))]
 
 
@@ -43,30 +46,34 @@ def agenda(preds, signatures, depth=None) -> list[list[int]]:
     """
     n = len(preds)
     depth = depth or asap_depths(preds)
-    waiting = [len(set(ps)) for ps in preds]
+    waiting = [0] * n
     succs: list[list[int]] = [[] for _ in range(n)]
     for i, ps in enumerate(preds):
-        for p in set(ps):
-            succs[p].append(i)
-    totals: dict[Hashable, list[int]] = defaultdict(lambda: [0, 0])
+        if ps:
+            distinct = ps if len(ps) == 1 else set(ps)
+            waiting[i] = len(distinct)
+            for p in distinct:
+                succs[p].append(i)
+    totals: dict[Hashable, list[int]] = {}
     for i, sig in enumerate(signatures):
         if sig is not None:
-            totals[sig][0] += depth[i]
-            totals[sig][1] += 1
+            total = totals.get(sig)
+            if total is None:
+                totals[sig] = [depth[i], 1]
+            else:
+                total[0] += depth[i]
+                total[1] += 1
     priority = {sig: total / count for sig, (total, count) in totals.items()}
     ready: dict[Hashable, list[int]] = {}
     alone: list[int] = []
 
-    def release(i: int) -> None:
-        sig = signatures[i]
-        if sig is None:
-            alone.append(i)
-        else:
-            ready.setdefault(sig, []).append(i)
-
     for i in range(n):
         if waiting[i] == 0:
-            release(i)
+            sig = signatures[i]
+            if sig is None:
+                alone.append(i)
+            else:
+                ready.setdefault(sig, []).append(i)
     groups: list[list[int]] = []
     while alone or ready:
         if alone:
@@ -77,9 +84,18 @@ def agenda(preds, signatures, depth=None) -> list[list[int]]:
         groups.append(group)
         for i in group:
             for s in succs[i]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    release(s)
+                left = waiting[s] - 1
+                waiting[s] = left
+                if left == 0:   # ready: released like the units above
+                    sig = signatures[s]
+                    if sig is None:
+                        alone.append(s)
+                    else:
+                        members = ready.get(sig)
+                        if members is None:
+                            ready[sig] = [s]
+                        else:
+                            members.append(s)
     if sum(len(g) for g in groups) != n:
         raise AssertionError("agenda schedule lost units: the dependency graph has a cycle")
     return groups

@@ -48,10 +48,14 @@ class Aggregate(OpFamily):
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
         terms, reduce = node.args
-        infos, info = _terms_info(terms), tensor_info(node)
-        if infos is None or info is None or any(i != info for i in infos):
+        info = tensor_info(node)
+        if info is None or not isinstance(terms, (list, tuple)) or not terms \
+                or any(tensor_info(t) is not info for t in terms):   # infos are interned
             return "aggregation terms are not tensors of one static shape"
         return NeuronOp(node, self, (self.name, reduce, info), tuple(terms), info, (), reduce)
+
+    def member_numel(self, op: NeuronOp) -> int:
+        return op.info.numel   # every term has the output's info (describe checked)
 
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         g, k, info, reduce = b.graph, len(members), members[0].info, members[0].template

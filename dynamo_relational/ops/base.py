@@ -39,21 +39,19 @@ class TensorInfo:
             info = _INTERNED[key] = super().__new__(cls)
             for name, value in zip(("shape", "dtype", "device"), key):
                 object.__setattr__(info, name, value)
+            n = 1
+            for s in key[0]:
+                n *= s
+            # computed once per distinct info: the passes ask for them once or more per FX node
+            object.__setattr__(info, "rank", len(key[0]))
+            object.__setattr__(info, "numel", n)
         return info
 
     def __reduce__(self):
         return TensorInfo, (self.shape, self.dtype, self.device)
 
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+    # ``rank`` (len(shape)) and ``numel`` (prod(shape)) are plain attributes set by __new__,
+    # not fields: they follow from the shape.
 
 
 _INTERNED: dict[tuple, TensorInfo] = {}
@@ -76,7 +74,7 @@ def tensor_info(node: Any) -> TensorInfo | None:
     return info
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class NeuronOp:
     node: fx.Node
     family: "OpFamily"
@@ -99,6 +97,15 @@ class OpFamily:
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
         raise NotImplementedError
+
+    def member_numel(self, op: NeuronOp) -> int:
+        """The size that makes ``op`` "large" (see ``max_member_numel``): its output; for a
+        variadic op (a stack or aggregation), its largest term."""
+        if not self.variadic:
+            return op.info.numel
+        infos = set(map(tensor_info, op.operands))   # interned: thousands of terms, a few infos
+        infos.discard(None)
+        return max((t.numel for t in infos), default=0)
 
     def emit(self, members: Sequence[NeuronOp], b: "GroupBuilder") -> fx.Node | None:
         """One node computing all members, shape [len(members), *member_shape].

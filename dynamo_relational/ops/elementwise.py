@@ -40,40 +40,25 @@ class Elementwise(OpFamily):
         info = tensor_info(node)
         if info is None:
             return "output is not a tensor of static shape"
-        if node.kwargs.get("inplace") or "out" in node.kwargs:
+        node_kwargs = node.kwargs
+        if node_kwargs and (node_kwargs.get("inplace") or "out" in node_kwargs):
             return "in-place or out= variant"
         arithmetic = node.target in _ARITHMETIC and info.dtype.is_floating_point
         operands: list[fx.Node] = []
         consts: list = []
         frozen: list = []
-
-        def template(value, positional=True):
-            if isinstance(value, fx.Node):
-                if tensor_info(value) is None:
-                    raise _Unsupported(f"operand {value.name} is not a tensor of static shape")
-                operands.append(value)
-                frozen.append(("slot", tensor_info(value)))
-                return _Slot(len(operands) - 1)
-            if arithmetic and positional and is_scalar(value) and type(value) is not bool:
-                consts.append(value)
-                frozen.append(("const",))
-                return _VaryingConst(len(consts) - 1)
-            if not hashable_const(value):
-                raise _Unsupported(f"argument {value!r} is not a constant")
-            frozen.append(freeze(value))
-            return value
-
         try:
-            args = tuple(template(a) for a in node.args)
-            kwargs = {k: template(v, positional=False) for k, v in node.kwargs.items()}
+            args = tuple([_template(a, arithmetic, operands, consts, frozen) for a in node.args])
+            kwargs = {k: _template(v, False, operands, consts, frozen) for k, v in node_kwargs.items()}
         except _Unsupported as e:
             return str(e)
         if not operands:
             return "no tensor operand"
-        dtypes = {tensor_info(o).dtype for o in operands}
-        if len(dtypes) > 1 and info.rank > 0 and any(tensor_info(o).rank == 0 for o in operands):
-            # 0-d tensors take part in type promotion like scalars; batched they would not.
-            return "mixed dtypes with a 0-d operand"
+        if len(operands) > 1 and info.rank > 0:
+            infos = [tensor_info(o) for o in operands]
+            if len({i.dtype for i in infos}) > 1 and any(i.rank == 0 for i in infos):
+                # 0-d tensors take part in type promotion like scalars; batched they would not.
+                return "mixed dtypes with a 0-d operand"
         key = (self.name, node.op, node.target, tuple(frozen), tuple(kwargs), info)
         return NeuronOp(node, self, key, tuple(operands), info, tuple(consts), (args, kwargs))
 
@@ -110,6 +95,28 @@ class Elementwise(OpFamily):
 
 class _Unsupported(Exception):
     pass
+
+
+def _template(value, varying: bool, operands: list, consts: list, frozen: list):
+    """``value``, one argument of an elementwise node, as it appears in the group's template:
+    a node becomes a slot (its operand), a Python scalar of a floating arithmetic op a
+    per-member constant (``varying``: positional arguments of such ops), anything else stays
+    (a constant every member must share). ``frozen`` collects what the signature compares."""
+    if isinstance(value, fx.Node):
+        value_info = tensor_info(value)
+        if value_info is None:
+            raise _Unsupported(f"operand {value.name} is not a tensor of static shape")
+        operands.append(value)
+        frozen.append(("slot", value_info))
+        return _Slot(len(operands) - 1)
+    if varying and is_scalar(value) and type(value) is not bool:
+        consts.append(value)
+        frozen.append(("const",))
+        return _VaryingConst(len(consts) - 1)
+    if not hashable_const(value):
+        raise _Unsupported(f"argument {value!r} is not a constant")
+    frozen.append(freeze(value))
+    return value
 
 
 _UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.log, torch.neg, torch.abs,

@@ -36,7 +36,7 @@ class Matmul(OpFamily):
             return "matmul operand is not a tensor of static shape"
         if not (1 <= ai.rank <= 2 and 1 <= bi.rank <= 2):
             return f"matmul of ranks {ai.rank} and {bi.rank} (only vectors and matrices are grouped)"
-        if not _same_dtype(ai, bi):
+        if ai.dtype != bi.dtype:
             return "matmul of mixed dtypes"
         return NeuronOp(node, self, (self.name, ai, bi), (a, b), info)
 

@@ -26,6 +26,13 @@ class Select(OpFamily):
         src, info = tensor_info(source), tensor_info(node)
         if src is None or info is None:
             return "indexes something other than a tensor of static shape"
+        if type(index) is int:   # x[i], the common case: what the general code below does for one int
+            if src.rank < 1:
+                return f"index {index!r} is not integers followed by full slices"
+            size = src.shape[0]
+            if not -size <= index < size:
+                return f"index {index} out of range for dimension 0 of size {size}"
+            return NeuronOp(node, self, (self.name, src, 1, info), (source,), info, (index % size,))
         parts = index if isinstance(index, tuple) else (index,)
         if parts and all(isinstance(p, slice) for p in parts) and len(parts) <= src.rank:
             return SLICE.describe_slices(node, source, src, parts, info)
