@@ -18,6 +18,19 @@ def median_ms(fn, repeats: int = 10, warmup: int = 2) -> float:
     return statistics.median(times) * 1e3
 
 
+def interleaved_medians_ms(calls: dict, repeats: int = 30, warmup: int = 3) -> dict:
+    """Median ms of each of ``calls`` (label -> function), the calls taking turns so that changes
+    in the machine's load hit them alike (ratios of these medians are side by side in one process)."""
+    samples = {label: [] for label in calls}
+    for round_ in range(warmup + repeats):
+        for label, call in calls.items():
+            start = time.perf_counter()
+            call()
+            if round_ >= warmup:
+                samples[label].append(time.perf_counter() - start)
+    return {label: statistics.median(times) * 1e3 for label, times in samples.items()}
+
+
 def compare(model: torch.nn.Module, *inputs, repeats: int = 10, options: dict | None = None,
             fast: bool = False) -> dict:
     """Compile ``model`` with backend="relational" (or, with ``fast``, ``dynamo_relational.compile``),
