@@ -76,6 +76,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         progress.step()
         if dump:
             dump.write(name, gm.print_readable(print_output=False))
+    _name_segment_provider(gm, options, ctx.stats)
     after_code = gm.print_readable(print_output=False) if ctx.detailed else ""
     report = GraphReport.from_context(ctx, nodes_before, len(gm.graph.nodes), before_code, after_code)
     report.graph_module = gm if ctx.detailed else None
@@ -85,6 +86,28 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         for reason, count in ctx.ungrouped.most_common():
             log.info("relational: %d node(s) left ungrouped: %s", count, reason)
     return gm, report
+
+
+def _name_segment_provider(gm: fx.GraphModule, options: Options, stats: dict) -> None:
+    """Pass ``options.segment_provider`` to every ``segment_reduce`` call as its ``provider`` argument.
+
+    The provider is an argument of the op (not a process-wide switch) so that it is part of this
+    graph: models compiled with different providers run side by side, and the code-sharing cache
+    (:mod:`dynamo_relational.schemas`, keyed by the graph's code) never mixes them. The default
+    ``"aten"`` is left implicit, so default graphs read as before.
+    """
+    if options.segment_provider == "aten":
+        return
+    from dynamo_relational.kernels.segment import segment_reduce
+
+    target = segment_reduce._opoverload
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
+    for node in calls:
+        node.args = (*node.args[:3], options.segment_provider)
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "provider"}
+    if calls:
+        gm.recompile()
+        stats["segment_provider"] = options.segment_provider
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:

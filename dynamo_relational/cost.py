@@ -18,13 +18,20 @@ that the compiled graph does not depend on how busy the machine is:
   machine notes record it).
 
 Estimates are ``flops / flop_rate + bytes / byte_rate``: a roofline without
-overlap, which is what ranking alternatives needs.
+overlap, which is what ranking alternatives needs. :func:`graph_cost` sums
+them over a whole vectorized graph (the forward pass; the backward of each
+op does the same kind of work again, transposed), for the rewrite search
+(``passes/rewrite_search.py``).
 """
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 
 import torch
+import torch.fx as fx
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -70,3 +77,54 @@ def rates(device: torch.device) -> tuple[float, float]:
     if device.type == "cpu":
         flop_rate *= torch.get_num_threads()
     return flop_rate, byte_rate
+
+
+#: ops that only view their input (no copy, no arithmetic)
+_VIEWS = {"reshape", "view", "unsqueeze", "squeeze", "expand", "t", "transpose", "permute", "flatten"}
+_LINEAR = (F.linear,)
+_PRODUCTS = (torch.matmul, operator.matmul, torch.mm, torch.bmm)
+
+
+def node_cost(gm: fx.GraphModule, node: fx.Node) -> Cost:
+    """The estimated forward cost of one node of a vectorized graph (zero for views and unknown shapes)."""
+    from dynamo_relational.ops import tensor_info
+    from dynamo_relational.passes.gather_nodes import constant_value
+
+    out = tensor_info(node)
+    if node.op not in ("call_function", "call_method") or out is None:
+        return Cost()
+    item, target = out.dtype.itemsize, node.target
+    if node.op == "call_method" and target in _VIEWS or target is operator.getitem:
+        return Cost()
+    rows, width = (out.shape[0], math.prod(out.shape[1:])) if out.rank else (1, 1)
+    name = getattr(target, "__name__", "")
+    if target in _LINEAR:   # [rows, k] x [k, width]
+        x, n = tensor_info(node.args[0]), out.shape[-1] if out.rank else 1
+        return linear(out.numel // max(n, 1), x.shape[-1] if x is not None and x.rank else 1, n, item)
+    if target in _PRODUCTS:
+        a = tensor_info(node.args[0])
+        k = a.shape[-1] if a is not None and a.rank else 1
+        b = tensor_info(node.args[1])
+        inputs = sum(i.numel for i in (a, b) if i is not None)
+        return Cost(2.0 * out.numel * k, item * (inputs + out.numel))
+    if name.startswith("gather_reduce"):
+        csr = constant_value(gm, node.args[1])
+        source = tensor_info(node.args[0])
+        columns = source.shape[0] if source is not None and source.rank else 0
+        entries = (csr.shape[0] - rows - columns - 2) // 2 if csr is not None else rows
+        return gather_reduce(entries, rows, width, item)
+    if name.startswith("gather_rows") or target is torch.index_select:
+        return gather(rows, width, item)
+    if name.startswith("segment_reduce"):
+        data = tensor_info(node.args[0])
+        read = data.numel if data is not None else out.numel
+        return Cost(float(read), item * (read + out.numel))
+    if target in (torch.cat, torch.stack):
+        return Cost(0.0, 2.0 * item * out.numel)
+    return elementwise(rows, width, item)
+
+
+def graph_cost(gm: fx.GraphModule) -> Cost:
+    """The estimated forward cost of a vectorized graph: the sum of :func:`node_cost` over its nodes."""
+    return sum((node_cost(gm, node) for node in gm.graph.nodes), Cost())
+

@@ -65,10 +65,37 @@ class Options:
     #: (gathers of gathers read the original rows), ``"simplify_gathers"`` (range
     #: gathers become slices), ``"absorb_gathers"`` (a gather after a reduction
     #: becomes its segments), ``"fuse_linear"`` (consecutive linear maps become one),
+    #: ``"rewrite_search"`` (sequences of these rewrites, searched under the cost model),
     #: ``"linear_layout"`` (tall, narrow ``linear`` run as
     #: the transposed product where timing shows it faster; only with ``autotune``),
     #: ``"recompute_gathers"`` (edge-sized gathers recomputed in the backward, not saved).
     disable: tuple[str, ...] = ()
+    #: Wall-time bound of the rewrite search (``passes/rewrite_search.py``), in
+    #: seconds per graph. It also stops after 200 distinct graphs, which the
+    #: example models reach first; the report says which bound stopped it.
+    search_seconds: float = 1.0
+    #: The search's relaxation: a graph whose estimated cost is below
+    #: ``search_alpha`` times the best so far is explored further, so a rewrite
+    #: that costs a little now can be followed by one that pays. ``1.0`` is a
+    #: greedy descent; larger values search more graphs.
+    search_alpha: float = 1.05
+    #: Which kernel runs the segment reductions (``segment_reduce``: max/min,
+    #: and integer sum/mean, over variable fan-in) of the compiled graph on CPU:
+    #: ``"aten"`` (``torch.segment_reduce``) or ``"torch_scatter"``
+    #: (``torch_scatter.segment_csr``, from the optional torch-scatter package:
+    #: ``pip install --no-build-isolation torch-scatter``, or the ``scatter``
+    #: extra). Both are deterministic (each output row reduced sequentially, no
+    #: atomics) and give the same results, empty segments, NaN and infinities
+    #: included (see ``dynamo_relational.kernels.segment``). ``"aten"`` is the
+    #: default: torch-scatter's max/min measured 2.3-4.1x slower on one CPU
+    #: thread (docs/BENCHMARKS.md, "Kernel providers"). Floating sums and means
+    #: are fused gather-reductions (``gather_reduce``, MKL's sparse product on
+    #: CPU) and are unaffected; so is CUDA, which runs its Triton kernel. The
+    #: choice is part of the compiled graph (an argument of each
+    #: ``segment_reduce`` call), so models compiled with different providers
+    #: run side by side in one process. Asking for ``"torch_scatter"`` without
+    #: the package installed is an error that says how to install it.
+    segment_provider: Literal["aten", "torch_scatter"] = "aten"
     #: Show a progress bar (tqdm, on stderr) over the compile's steps once a
     #: compile has run for a few seconds (tracing, each pass, Inductor).
     progress: bool = True
@@ -112,6 +139,13 @@ class Options:
         if self.scheduler not in ("auto", "asap", "agenda"):
             raise OptionsError(
                 f"option 'scheduler' must be 'auto', 'asap' or 'agenda', got {self.scheduler!r}")
+        from dynamo_relational.kernels.segment import SEGMENT_PROVIDERS, require_torch_scatter
+
+        if self.segment_provider not in SEGMENT_PROVIDERS:
+            raise OptionsError(f"option 'segment_provider' must be one of {', '.join(map(repr, SEGMENT_PROVIDERS))}, "
+                               f"got {self.segment_provider!r}")
+        if self.segment_provider == "torch_scatter":
+            require_torch_scatter()
         from dynamo_relational.passes import OPTIONAL_PASSES
 
         if isinstance(self.disable, str) or not all(isinstance(p, str) for p in self.disable):
@@ -122,6 +156,10 @@ class Options:
         if unknown:
             raise OptionsError(f"option 'disable' names unknown pass(es) {unknown}; "
                                f"optional passes: {', '.join(OPTIONAL_PASSES)}")
+        if not isinstance(self.search_seconds, (int, float)) or self.search_seconds < 0:
+            raise OptionsError(f"option 'search_seconds' must be a number >= 0, got {self.search_seconds!r}")
+        if not isinstance(self.search_alpha, (int, float)) or self.search_alpha < 1:
+            raise OptionsError(f"option 'search_alpha' must be a number >= 1, got {self.search_alpha!r}")
         for name in ("min_group_size", "max_member_numel", "max_typed_groups"):
             if getattr(self, name) < 1:
                 raise OptionsError(f"option {name!r} must be >= 1, got {getattr(self, name)}")

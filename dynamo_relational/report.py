@@ -158,6 +158,13 @@ def _choices(stats: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [(f"linear layout {c['node']} [{c['shape']}]",
               f"{c['layout']} (plain {c['plain_ms']:.3f} ms, transposed {c['transposed_ms']:.3f} ms)")
              for c in stats.get("linear_layout", [])]
+    if "search" in stats:
+        search = stats["search"]
+        rows.append(("rewrite search", f"estimated {search['start_us']:.3g} -> {search['best_us']:.3g} us; "
+                                       f"{search['graphs']} graphs in {search['seconds']:.2f} s, "
+                                       f"stopped: {search['stopped_by']}"))
+        rows += [(f"  step {i}: {step['rewrite']}", f"at {step['at']} (estimated {step['estimate_us']:.3g} us)")
+                 for i, step in enumerate(search["path"], 1)]
     if "executor" in stats:
         times = ", ".join(f"{name} {ms:.3f} ms" for name, ms in stats.get("executor_ms", {}).items())
         rows.append(("executor", f"{stats['executor']} ({times})"))

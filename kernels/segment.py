@@ -1,6 +1,6 @@
 """Segment reduction over CSR offsets, as a ``torch.library`` custom op.
 
-``segment_reduce(data, offsets, reduce)`` reduces the rows
+``segment_reduce(data, offsets, reduce, provider="aten")`` reduces the rows
 ``data[offsets[i]:offsets[i+1]]`` into output row ``i``. The backward pass
 expands the offsets into per-row segment ids once and is then a plain gather
 over them, which is much faster than a CSR-driven backward. Empty segments
@@ -14,6 +14,35 @@ and Inductor, where it stays an opaque fallback kernel) and an autograd formula:
 * mean: grad_data = (grad_out / counts)[segment_ids]
 * max / min: the gradient is split evenly between the rows that attain the
   extreme, which is exactly what ``torch.amax`` / ``torch.amin`` do in eager.
+
+Providers. On CPU the forward kernel is chosen per call by the op's
+``provider`` argument (:data:`SEGMENT_PROVIDERS`):
+
+* ``"aten"`` (the default): ``torch.segment_reduce``.
+* ``"torch_scatter"``: ``torch_scatter.segment_csr`` from the optional
+  torch-scatter package (``pip install --no-build-isolation torch-scatter``,
+  or the ``scatter`` extra). Its CPU kernel reduces each output row
+  sequentially in row order on one thread, with no atomics, so it is
+  deterministic run to run (its documentation says "fully-deterministic"). Where its
+  conventions differ from ATen's, the difference is mapped so that the op's
+  output is the same with either provider: empty segments give NaN (mean),
+  -inf (amax) and +inf (amin) as ATen does, not torch-scatter's 0; max/min
+  fall back to ATen for a call whose data holds a NaN (torch-scatter skips
+  NaNs, ATen and eager ``amax`` propagate them) or whose result holds the
+  dtype's lowest/highest finite value (torch-scatter starts from those, so a
+  segment of only -inf/+inf comes back finite). Dtypes other than float32 /
+  float64, and empty data, use ATen. It was measured slower than ATen for
+  max/min (docs/BENCHMARKS.md, "Kernel providers"), so it is not the default.
+
+The provider is an op argument rather than a module-level switch (like
+``gather_reduce.cuda_provider``) because the backend fixes it at compile time
+from ``options["segment_provider"]`` (:mod:`dynamo_relational.options`): it is
+then part of each compiled graph, so two models compiled with different
+providers run side by side in one process, and graphs differing only in the
+provider never share compiled code. The backward formulas are the same for
+both providers (plain gathers; the tie count of max/min is a segment sum run
+by the same provider). On CUDA the argument is ignored: the Triton kernel
+(or ATen) runs.
 """
 from __future__ import annotations
 
@@ -24,27 +53,81 @@ from . import triton_csr
 
 SEGMENT_REDUCTIONS = ("sum", "mean", "amax", "amin")
 _ATEN_NAME = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min"}
+#: forward kernels on CPU, the values of the op's ``provider`` argument
+SEGMENT_PROVIDERS = ("aten", "torch_scatter")
+#: dtypes the torch-scatter provider runs (its CPU kernel has no half/bfloat16); others use ATen
+_SCATTER_DTYPES = (torch.float32, torch.float64)
+#: the value of an empty segment in ATen's ``segment_reduce`` (sums are 0 in both providers)
+_EMPTY_VALUE = {"mean": float("nan"), "amax": float("-inf"), "amin": float("inf")}
 
 
-def _check(data: Tensor, offsets: Tensor, reduce: str) -> None:
+def require_torch_scatter():
+    """The ``torch_scatter`` module, or an ``OptionsError`` naming the option and how to install it."""
+    try:
+        import torch_scatter
+    except ImportError as exc:
+        from dynamo_relational.errors import OptionsError
+
+        raise OptionsError(
+            "option 'segment_provider' is 'torch_scatter', but torch-scatter is not installed "
+            f"({exc}): install it with `pip install --no-build-isolation torch-scatter` (it builds from source "
+            "against the installed torch; or the `scatter` extra: `pip install --no-build-isolation -e .[scatter]`), "
+            "or use segment_provider='aten'") from exc
+    return torch_scatter
+
+
+def _check(data: Tensor, offsets: Tensor, reduce: str, provider: str = "aten") -> None:
     if reduce not in _ATEN_NAME:
         raise ValueError(f"segment_reduce: reduce must be one of {SEGMENT_REDUCTIONS}, got {reduce!r}")
+    if provider not in SEGMENT_PROVIDERS:
+        raise ValueError(f"segment_reduce: provider must be one of {SEGMENT_PROVIDERS}, got {provider!r}")
     if offsets.dim() != 1 or offsets.shape[0] < 1:
         raise ValueError(f"segment_reduce: offsets must be 1-D and non-empty, got shape {tuple(offsets.shape)}")
     if data.dim() == 0:
         raise ValueError("segment_reduce: data must have a row dimension, got a 0-d tensor")
 
 
-@torch.library.custom_op("dynamo_relational::segment_reduce", mutates_args=())
-def segment_reduce(data: Tensor, offsets: Tensor, reduce: str) -> Tensor:
-    _check(data, offsets, reduce)
+def _aten(data: Tensor, offsets: Tensor, reduce: str) -> Tensor:
     # Deterministic: each output row is reduced sequentially from its own CSR slice.
     return torch.segment_reduce(data, _ATEN_NAME[reduce], offsets=offsets, axis=0, unsafe=True)
 
 
+def _has_nan(data: Tensor) -> bool:
+    # A finite total rules NaN out without the [rows, ...] mask of isnan (it costs one streaming read).
+    return not bool(torch.isfinite(data.sum())) and bool(torch.isnan(data).any())
+
+
+def _scatter(data: Tensor, offsets: Tensor, reduce: str) -> Tensor:
+    """``torch_scatter.segment_csr``, mapped to ATen's results where the two differ (module docstring)."""
+    torch_scatter = require_torch_scatter()
+    if data.dtype not in _SCATTER_DTYPES or data.numel() == 0:   # (with no data it leaves its output unset)
+        return _aten(data, offsets, reduce)
+    extreme = reduce in ("amax", "amin")
+    if extreme and _has_nan(data):
+        return _aten(data, offsets, reduce)
+    out = torch_scatter.segment_csr(data, offsets.long(), reduce=_ATEN_NAME[reduce])
+    if extreme:
+        info = torch.finfo(data.dtype)
+        if bool((out == (info.min if reduce == "amax" else info.max)).any()):
+            return _aten(data, offsets, reduce)    # possibly a segment of only -inf (+inf)
+    if reduce != "sum":
+        empty = offsets[1:] == offsets[:-1]
+        if bool(empty.any()):
+            out[empty] = _EMPTY_VALUE[reduce]
+    return out
+
+
+@torch.library.custom_op("dynamo_relational::segment_reduce", mutates_args=())
+def segment_reduce(data: Tensor, offsets: Tensor, reduce: str, provider: str = "aten") -> Tensor:
+    _check(data, offsets, reduce, provider)
+    if provider == "torch_scatter":
+        return _scatter(data, offsets, reduce)
+    return _aten(data, offsets, reduce)
+
+
 @segment_reduce.register_kernel("cuda")
-def _(data: Tensor, offsets: Tensor, reduce: str) -> Tensor:
-    _check(data, offsets, reduce)
+def _(data: Tensor, offsets: Tensor, reduce: str, provider: str = "aten") -> Tensor:
+    _check(data, offsets, reduce, provider)
     if not triton_csr.supports(data):
         return torch.segment_reduce(data, _ATEN_NAME[reduce], offsets=offsets, axis=0, unsafe=True)
     flat = data.reshape(data.shape[0], -1)
@@ -53,14 +136,14 @@ def _(data: Tensor, offsets: Tensor, reduce: str) -> Tensor:
 
 
 @segment_reduce.register_fake
-def _(data: Tensor, offsets: Tensor, reduce: str) -> Tensor:
-    _check(data, offsets, reduce)
+def _(data: Tensor, offsets: Tensor, reduce: str, provider: str = "aten") -> Tensor:
+    _check(data, offsets, reduce, provider)
     return data.new_empty((offsets.shape[0] - 1, *data.shape[1:]))
 
 
 def _setup_context(ctx, inputs, output):
-    data, offsets, reduce = inputs
-    ctx.reduce = reduce
+    data, offsets, reduce, provider = inputs
+    ctx.reduce, ctx.provider = reduce, provider
     ctx.rows = data.shape[0]
     if reduce in ("amax", "amin"):
         ctx.save_for_backward(data, offsets, output)
@@ -84,15 +167,15 @@ def _backward(ctx, grad_out: Tensor):
         data, offsets, output = ctx.saved_tensors
         segment_ids = segment_ids_from_offsets(offsets, ctx.rows)
         hits = data == output.index_select(0, segment_ids)
-        ties = segment_reduce(hits.to(grad_out.dtype), offsets, "sum")
+        ties = segment_reduce(hits.to(grad_out.dtype), offsets, "sum", ctx.provider)
         share = (grad_out / ties).index_select(0, segment_ids)
-        return torch.where(hits, share, torch.zeros_like(share)), None, None
+        return torch.where(hits, share, torch.zeros_like(share)), None, None, None
     (offsets,) = ctx.saved_tensors
     segment_ids = segment_ids_from_offsets(offsets, ctx.rows)
     if ctx.reduce == "mean":
         counts = (offsets[1:] - offsets[:-1]).to(grad_out.dtype)
         grad_out = grad_out / _expand(counts, grad_out)
-    return grad_out.index_select(0, segment_ids), None, None
+    return grad_out.index_select(0, segment_ids), None, None, None
 
 
 segment_reduce.register_autograd(_backward, setup_context=_setup_context)

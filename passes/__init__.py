@@ -5,7 +5,7 @@ The first five build the vectorized graph; the rest optimize it and can be
 switched off one by one with ``options={"disable": ("name", ...)}``.
 """
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, cse, fuse_linear, grouping, inplace,
-               linear_layout, postpone_gathers, recompute_gathers, simplify_gathers, vectorize)
+               linear_layout, postpone_gathers, recompute_gathers, rewrite_search, simplify_gathers, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
@@ -20,6 +20,7 @@ PIPELINE = (
     ("simplify_gathers", simplify_gathers.run),  # identity / range gathers -> views
     ("absorb_gathers", absorb_gathers.run),  # f(reduce(z))[I] -> f(reduce over segments I of z)
     ("fuse_linear", fuse_linear.run),  # linear(linear(x)) -> one linear, also through sum/mean gathers
+    ("rewrite_search", rewrite_search.run),  # sequences of the rewrites above (and commute_linear), by cost
     ("linear_layout", linear_layout.run),  # tall, narrow linear -> (W x^T)^T where measured faster
     ("cleanup", cleanup.run),        # dead code, reshape chains, lint
     ("recompute_gathers", recompute_gathers.run),  # edge-sized gathers: recompute in backward, not saved
@@ -27,6 +28,6 @@ PIPELINE = (
 
 #: the optimizer passes that ``options["disable"]`` may name
 OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers", "absorb_gathers", "fuse_linear",
-                   "linear_layout", "recompute_gathers")
+                   "rewrite_search", "linear_layout", "recompute_gathers")
 
 __all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]

@@ -21,6 +21,8 @@ rows, the ops on ``R`` rows and the gather of ``|I|`` rows; absorbed, the
 reduction of ``E'`` entries into ``|I|`` rows (a duplicated non-empty segment
 is reduced again) and the ops on ``|I|`` rows. Both estimates of every
 candidate are in ``stats["cost_choices"]`` (printed by ``explain()``).
+:func:`sites` and :func:`apply` offer the rejected candidates to the rewrite
+search (``rewrite_search``), which judges the whole graph.
 """
 from __future__ import annotations
 
@@ -50,6 +52,17 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     return gm
 
 
+def sites(gm: fx.GraphModule) -> list[tuple[fx.Node]]:
+    """The row gathers :func:`apply` can absorb into the reduction they read."""
+    return [(node,) for node in gm.graph.nodes
+            if node.op == "call_function" and node.target is _GATHER_ROWS and _path(gm, node) is not None]
+
+
+def apply(gm: fx.GraphModule, node: fx.Node) -> bool:
+    """Absorb the gather ``node`` where legal, whatever the estimate says."""
+    return _absorb(gm, node, None)
+
+
 def _row_operand(node: fx.Node) -> fx.Node | None:
     """The one operand of a row-wise elementwise ``node`` that carries rows, else None."""
     if node.op != "call_function" or node.target not in _ROW_WISE:
@@ -63,24 +76,35 @@ def _row_operand(node: fx.Node) -> fx.Node | None:
     return carrying[0] if len(carrying) == 1 and broadcast else None
 
 
-def _absorb(gm: fx.GraphModule, node: fx.Node, ctx: PassContext) -> bool:
+def _path(gm: fx.GraphModule, node: fx.Node):
+    """``(gather, ops between, reduction node, reduction)`` where ``node`` reads a reduction's rows through
+    row-wise ops that nothing else uses, else None."""
     gather = as_gather(gm, node)
     if gather is None:
-        return False
+        return None
     chain, source = [], gather.base   # the ops between, from the gather up
     while True:
         if len(source.users) != 1:
-            return False
+            return None
         reduction = as_gather(gm, source)
         if reduction is not None:
             break
         operand = _row_operand(source)
         if operand is None:
-            return False
+            return None
         chain.append(source)
         source = operand
     if not reduction.reduces or rows(reduction.base) is None:
+        return None
+    return gather, chain, source, reduction
+
+
+def _absorb(gm: fx.GraphModule, node: fx.Node, ctx: PassContext | None) -> bool:
+    """Absorb where legal and, with a ``ctx`` to record the choice in, where estimated cheaper."""
+    path = _path(gm, node)
+    if path is None:
         return False
+    gather, chain, source, reduction = path
     offsets, index, picked = reduction.offsets, reduction.index, gather.index
     counts = (offsets[1:] - offsets[:-1])[picked]
     new_offsets = torch.zeros(picked.shape[0] + 1, dtype=offsets.dtype, device=offsets.device)
@@ -98,11 +122,12 @@ def _absorb(gm: fx.GraphModule, node: fx.Node, ctx: PassContext) -> bool:
                + cost.gather(picked.shape[0], _width(node), item))
     fused = cost.gather_reduce(new_index.shape[0], picked.shape[0], width, item) + ops(picked.shape[0])
     unfused_us, fused_us = unfused.seconds(info.device) * 1e6, fused.seconds(info.device) * 1e6
-    ctx.stats.setdefault("cost_choices", []).append(dict(
-        pass_="absorb_gathers", node=node.name, choice="absorbed" if fused_us < unfused_us else "kept",
-        estimates_us={"unfused": unfused_us, "absorbed": fused_us}))
-    if fused_us >= unfused_us:
-        return False
+    if ctx is not None:
+        ctx.stats.setdefault("cost_choices", []).append(dict(
+            pass_="absorb_gathers", node=node.name, choice="absorbed" if fused_us < unfused_us else "kept",
+            estimates_us={"unfused": unfused_us, "absorbed": fused_us}))
+        if fused_us >= unfused_us:
+            return False
     graph = gm.graph
     with graph.inserting_before(node):
         csr = add_constant(gm, pack_csr(new_offsets, new_index, rows(reduction.base)), "csr")

@@ -23,6 +23,8 @@ on ``n`` features. The cheaper is taken, so a bottleneck (``m`` smaller than
 ``k`` and ``n``) stays as it is. What it saves: a product and the ``[R, m]``
 intermediate (and its copy in the backward pass). Every candidate's two
 estimates are in ``stats["cost_choices"]`` (printed by ``explain()``).
+:func:`sites` and :func:`apply` offer the fusions the estimate rejected to the
+rewrite search (``rewrite_search``), which judges the whole graph.
 """
 from __future__ import annotations
 
@@ -58,6 +60,21 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     ctx.stats["linears_fused"] = fused
     ctx.stats.setdefault("cost_choices", []).extend(estimates.values())
     return gm
+
+
+def sites(gm: fx.GraphModule) -> list[tuple[fx.Node]]:
+    """Every outer ``linear`` that :func:`apply` can fuse with the linear before it."""
+    return [(node,) for node in gm.graph.nodes if _fusion(gm, node) is not None]
+
+
+def apply(gm: fx.GraphModule, outer: fx.Node) -> bool:
+    """Fuse ``outer`` with the linear before it, whatever the estimate says."""
+    decision = _fusion(gm, outer)
+    if decision is None:
+        return False
+    del decision["record"]
+    _rewrite(gm.graph, outer, **decision)
+    return True
 
 
 def _linear(node) -> tuple[fx.Node, fx.Node, fx.Node | None] | None:

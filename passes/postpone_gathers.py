@@ -15,6 +15,10 @@ moved gather into them and one gather disappears (allowed while ``X`` has at
 most ``MAX_GROWTH`` times the rows of ``I``; also through a ``cat`` that only
 gathers read). The moved gather keeps its kind
 (and so its deterministic backward).
+
+:func:`sites` and :func:`apply` offer every legal move, paying or not, to the
+rewrite search (``rewrite_search``), which judges whole graphs by the cost
+model instead of the ``MAX_GROWTH`` rule.
 """
 from __future__ import annotations
 
@@ -52,6 +56,22 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                     changed = True
     ctx.stats["gathers_postponed"] = moved
     return gm
+
+
+def sites(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
+    """Every ``(gather, row-wise user)`` pair that :func:`apply` can move, whether it pays or not."""
+    found = []
+    for node in gm.graph.nodes:
+        gather = as_gather(gm, node)
+        if gather is not None and not gather.reduces and rows(gather.base) is not None:
+            found += [(node, user) for user in node.users if _row_wise_in(user, node)]
+    return found
+
+
+def apply(gm: fx.GraphModule, gather_node: fx.Node, user: fx.Node) -> bool:
+    """Move the gather ``gather_node`` below its row-wise ``user``."""
+    _move_below(gm, as_gather(gm, gather_node), user)
+    return True
 
 
 def _result_row(user: fx.Node, operand: fx.Node) -> TensorInfo:
