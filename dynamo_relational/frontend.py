@@ -30,8 +30,9 @@ buffers. For these tiny per-neuron ops that costs a few microseconds, far
 less than meta tensors (300-500 us per op: their shape functions are Python
 references) or fake tensors (about 300 us). The values never reach Python
 control flow (see the contract); they give each node its shape, dtype and
-device (``meta["rel_info"]``, what the passes read) and are dropped when the
-trace ends, except those of constants, which the passes compare. The innermost user frame of each node is recorded as
+device (``meta["rel_info"]``, what the passes read) and are freed as soon as
+user code drops the node's last proxy (most neuron values die within their
+layer), except those of inputs and constants, which the passes compare. The innermost user frame of each node is recorded as
 ``meta["stack_trace"]`` in Dynamo's format (the grouping's code-site hint).
 
 Modules are traced through, not kept as leaves, so ``nn.Linear`` appears as
@@ -62,6 +63,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .backend import group_graph
 from .errors import RelationalError
 from .ops import tensor_info
+from .ops.base import value_info
 from .options import Options
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress, compile_progress
 from .report import GraphReport, Report
@@ -218,7 +220,15 @@ class _ValueProxy(fx.Proxy):
 
     @property
     def value(self) -> Any:
-        return self.node.meta["example_value"]
+        return self.tracer.value_of(self.node)
+
+    def __del__(self):
+        # The last proxy of a node gone, user code can no longer reach its value: free it now
+        # (most neuron values die within a layer), not when the trace ends.
+        try:
+            self.tracer.release(self.node)
+        except Exception:   # a half-built proxy, or interpreter shutdown
+            pass
 
     @classmethod
     def __torch_function__(cls, orig_method, types, args=None, kwargs=None):
@@ -309,6 +319,8 @@ class _Tracer(fx.Tracer):
         self._check = _RejectDataDependentOps()
         self._stop = None
         self.value_seconds = 0.0
+        #: values of call nodes while a proxy of the node lives: node -> [value, live proxies]
+        self._values: dict[fx.Node, list] = {}
 
     def trace(self, root, concrete_args=None) -> fx.Graph:
         self._stop = sys._getframe()
@@ -317,11 +329,25 @@ class _Tracer(fx.Tracer):
                 return super().trace(root, concrete_args)
         finally:
             self._stop = None
+            self._values.clear()
+
+    def value_of(self, node: fx.Node) -> Any:
+        """The traced value of ``node`` (inputs and constants keep theirs in ``meta["example_value"]``)."""
+        if node.op in ("placeholder", "get_attr"):
+            return node.meta["example_value"]
+        return self._values[node][0]
+
+    def release(self, node: fx.Node) -> None:
+        live = self._values.get(node)
+        if live is not None:
+            live[1] -= 1
+            if live[1] <= 0:
+                del self._values[node]
 
     # Inputs: one placeholder per example input; the model is called as in eager (defaults, hooks).
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         proxies = [self.create_proxy("placeholder", name, (), {}) for name in self.input_names]
-        return (lambda *args: self.model(*args)), proxies
+        return (lambda *args: self._checked_outputs(self.model(*args))), proxies
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         return False
@@ -330,6 +356,9 @@ class _Tracer(fx.Tracer):
         return forward(*args, **kwargs)
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
+        live = self._values.get(node)
+        if live is not None:
+            live[1] += 1
         return _ValueProxy(node, self)
 
     # Parameters and buffers read as module attributes become (shared) get_attr nodes.
@@ -384,7 +413,12 @@ class _Tracer(fx.Tracer):
         if self.nodes % NODE_STRIDE == 0:
             self.progress.traced(self.nodes)
         start = time.perf_counter()
-        node.meta["example_value"] = self._value(node)
+        value = self._value(node)
+        if kind in ("placeholder", "get_attr"):
+            node.meta["example_value"] = value
+        else:   # the passes read the shape; the value lives while user code holds a proxy of the node
+            node.meta["rel_info"] = value_info(value)
+            self._values[node] = [value, 0]
         self.value_seconds += time.perf_counter() - start
         if kind in ("call_function", "call_method"):
             node.meta["stack_trace"] = self._stack_trace()
@@ -405,7 +439,7 @@ class _Tracer(fx.Tracer):
             return self.inputs[self.input_names.index(node.target)].detach().clone()
         if node.op == "get_attr":
             return self.attrs[node.target].detach().clone()
-        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["example_value"])
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), self.value_of)
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)   # (the context manager costs more than the op)
         try:
@@ -423,6 +457,15 @@ class _Tracer(fx.Tracer):
             raise FrontendError(f"{type(e).__name__} while tracing {_user_line(_frames(self._stop))}\n{e}") from e
         finally:
             torch._C._set_grad_enabled(grad)
+
+    def _checked_outputs(self, outputs: Any) -> Any:
+        """``forward``'s result, checked while its proxies (and so their values) are alive."""
+        for leaf in pytree.tree_leaves(outputs):
+            if isinstance(leaf, _ValueProxy) and not isinstance(leaf.value, torch.Tensor):
+                raise FrontendError(f"{type(self.model).__name__}.forward returns {leaf.node.name} (a "
+                                    f"{type(leaf.value).__name__}); outputs must be tensors, "
+                                    "or tuples, lists and dicts of tensors and Python constants")
+        return outputs
 
     def _stack_trace(self) -> str:
         """The innermost user frame, in Dynamo's ``stack_trace`` format (what the code-site hint reads)."""
@@ -597,11 +640,6 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     leaves, out_spec = pytree.tree_flatten(output.args[0])
     tensors = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
     constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, fx.Node)}
-    for node in tensors:
-        if not isinstance(node.meta.get("example_value"), torch.Tensor):
-            raise FrontendError(f"{type(model).__name__}.forward returns {node.name} (a "
-                                f"{type(node.meta.get('example_value')).__name__}); outputs must be tensors, "
-                                "or tuples, lists and dicts of tensors and Python constants")
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
     _copy_mutated_constants(graph, tracer.attrs)
     tracer.node_name_to_scope.clear()   # fx's record of module scopes, unused here

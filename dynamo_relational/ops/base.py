@@ -64,14 +64,17 @@ def tensor_info(node: Any) -> TensorInfo | None:
     cached = node.meta.get("rel_info", False)
     if cached is not False:
         return cached
-    value = node.meta.get("example_value", node.meta.get("val"))
-    info = None
+    info = node.meta["rel_info"] = value_info(node.meta.get("example_value", node.meta.get("val")))
+    return info
+
+
+def value_info(value: Any) -> TensorInfo | None:
+    """Shape/dtype/device of a (real or fake) value; None if not one tensor of static shape."""
     if isinstance(value, torch.Tensor) and not value.is_sparse:
         shape = tuple(value.shape)
         if all(type(s) is int for s in shape):
-            info = TensorInfo(shape, value.dtype, value.device)
-    node.meta["rel_info"] = info
-    return info
+            return TensorInfo(shape, value.dtype, value.device)
+    return None
 
 
 @dataclass(eq=False, slots=True)
