@@ -68,7 +68,8 @@ class Options:
     #: ``"rewrite_search"`` (sequences of these rewrites, searched under the cost model),
     #: ``"linear_layout"`` (tall, narrow ``linear`` run as
     #: the transposed product where timing shows it faster; only with ``autotune``),
-    #: ``"recompute_gathers"`` (edge-sized gathers recomputed in the backward, not saved).
+    #: ``"recompute_gathers"`` (edge-sized gathers recomputed in the backward, not saved),
+    #: ``"compress_values"`` (runs only with ``value_compression``).
     disable: tuple[str, ...] = ()
     #: Wall-time bound of the rewrite search (``passes/rewrite_search.py``), in
     #: seconds per graph. It also stops after 200 distinct graphs, which the
@@ -96,6 +97,16 @@ class Options:
     #: run side by side in one process. Asking for ``"torch_scatter"`` without
     #: the package installed is an error that says how to install it.
     segment_provider: Literal["aten", "torch_scatter"] = "aten"
+    #: Value-based compression (``passes/compress_values.py``): every
+    #: vectorized node computes each of its distinct rows once, and gathers
+    #: expand them for its users. Rows are equal when they are computed the
+    #: same way from equal values, traced exactly through the graph (no
+    #: sampling, so no merge can be wrong). Buffers count as constants: their
+    #: values at compile time decide, so compile again after changing a buffer
+    #: (parameters and inputs are never compared by value). For grounded
+    #: models whose facts sit in buffers, such as NeuraLogic networks built
+    #: without the engine's own ``iso_value_compression``. Off by default.
+    value_compression: bool = False
     #: Show a progress bar (tqdm, on stderr) over the compile's steps once a
     #: compile has run for a few seconds (tracing, each pass, Inductor).
     progress: bool = True

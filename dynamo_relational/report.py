@@ -158,6 +158,8 @@ def _choices(stats: dict[str, Any]) -> list[tuple[str, str]]:
     rows += [(f"linear layout {c['node']} [{c['shape']}]",
               f"{c['layout']} (plain {c['plain_ms']:.3f} ms, transposed {c['transposed_ms']:.3f} ms)")
              for c in stats.get("linear_layout", [])]
+    if stats.get("rows_compressed"):
+        rows.append(("value compression", "; ".join(stats["rows_compressed"])))
     if "search" in stats:
         search = stats["search"]
         rows.append(("rewrite search", f"estimated {search['start_us']:.3g} -> {search['best_us']:.3g} us; "

@@ -4,8 +4,8 @@ Each pass is one module with ``run(graph_module, ctx) -> graph_module``.
 The first five build the vectorized graph; the rest optimize it and can be
 switched off one by one with ``options={"disable": ("name", ...)}``.
 """
-from . import (absorb_gathers, aggregation, cleanup, compose_gathers, cse, fuse_linear, grouping, inplace,
-               linear_layout, postpone_gathers, recompute_gathers, rewrite_search, simplify_gathers, vectorize)
+from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, fuse_linear, grouping,
+               inplace, linear_layout, postpone_gathers, recompute_gathers, rewrite_search, simplify_gathers, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
@@ -15,6 +15,7 @@ PIPELINE = (
     ("cse", cse.run),                # merge duplicated reads and ops
     ("grouping", grouping.run),      # signatures + schedule -> groups
     ("vectorize", vectorize.run),    # one vectorized node per group
+    ("compress_values", compress_values.run),  # equal rows computed once (option value_compression)
     ("postpone_gathers", postpone_gathers.run),  # f(x[I]) -> f(x)[I] for row-wise f
     ("compose_gathers", compose_gathers.run),    # gathers of gathers read the original rows
     ("simplify_gathers", simplify_gathers.run),  # identity / range gathers -> views
@@ -27,7 +28,7 @@ PIPELINE = (
 )
 
 #: the optimizer passes that ``options["disable"]`` may name
-OPTIONAL_PASSES = ("postpone_gathers", "compose_gathers", "simplify_gathers", "absorb_gathers", "fuse_linear",
+OPTIONAL_PASSES = ("compress_values", "postpone_gathers", "compose_gathers", "simplify_gathers", "absorb_gathers", "fuse_linear",
                    "rewrite_search", "linear_layout", "recompute_gathers")
 
 __all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]
