@@ -69,9 +69,45 @@ def test_random_scalar_dag_matches_eager(program, rows, width, double, seed):
     _check(program, rows, width, double, seed)
 
 
+class FactsScalarNet(RandomScalarNet):
+    """The same programs over facts held in a buffer, a few distinct rows repeated: what
+    ``value_compression`` merges (passes/compress_values.py)."""
+
+    def __init__(self, program, rows, width, dtype, distinct):
+        super().__init__(program, rows, width, dtype)
+        kinds = torch.randn(distinct, width, dtype=dtype)
+        self.register_buffer("facts", kinds[torch.randint(0, distinct, (rows,))])
+        self.gate = torch.nn.Parameter(torch.rand(width, dtype=dtype) + 0.5)   # shared by all rows
+
+    def forward(self):
+        return super().forward(self.facts * self.gate)
+
+
+def _check_compressed(program, rows, width, double, seed, distinct):
+    torch.manual_seed(seed)
+    dtype = torch.float64 if double else torch.float32
+    model = FactsScalarNet(program, rows, width, dtype, distinct)
+    assert_compiled_matches_eager(model, inductor=False, value_compression=True)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(**dags, distinct=st.integers(1, 3))
+def test_random_scalar_dag_over_repeated_facts_matches_eager_with_value_compression(program, rows, width, double,
+                                                                                   seed, distinct):
+    _check_compressed(program, rows, width, double, seed, distinct)
+
+
 @pytest.mark.fuzz
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(**dags)
 def test_thousand_random_scalar_dags_match_eager(program, rows, width, double, seed):
-    """The fuzz run: ``./test.sh -m fuzz`` (about 7 minutes on 2 cores)."""
+    """The fuzz run: ``./test.sh -m fuzz`` (about 7 minutes on 2 cores, with the next test)."""
     _check(program, rows, width, double, seed)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(**dags, distinct=st.integers(1, 3))
+def test_random_scalar_dags_over_repeated_facts_match_eager_with_value_compression(program, rows, width, double,
+                                                                                   seed, distinct):
+    _check_compressed(program, rows, width, double, seed, distinct)
