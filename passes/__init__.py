@@ -28,7 +28,7 @@ PIPELINE = (
 )
 
 #: the optimizer passes that ``options["disable"]`` may name
-OPTIONAL_PASSES = ("compress_values", "postpone_gathers", "compose_gathers", "simplify_gathers", "absorb_gathers", "fuse_linear",
-                   "rewrite_search", "linear_layout", "recompute_gathers")
+OPTIONAL_PASSES = ("compress_values", "postpone_gathers", "compose_gathers", "simplify_gathers", "absorb_gathers",
+                   "fuse_linear", "rewrite_search", "linear_layout", "recompute_gathers")
 
 __all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]

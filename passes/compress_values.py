@@ -51,7 +51,7 @@ _LINEAR = {F.linear}
 _MATMUL = {torch.mm, torch.matmul, operator.matmul}
 #: data movement: the op applied to the ids gives the ids of the result
 _VIEW_METHODS = {"reshape", "view", "expand", "unsqueeze", "squeeze", "t", "transpose", "permute", "contiguous",
-          "flatten", "narrow", "select", "repeat", "clone", "detach", "expand_as"}
+                 "flatten", "narrow", "select", "repeat", "clone", "detach", "expand_as"}
 _VIEW_FUNCTIONS = {torch.reshape, torch.unsqueeze, torch.squeeze, torch.t, torch.transpose, torch.permute,
                    torch.flatten, torch.narrow, torch.select, torch.cat, torch.stack, torch.clone,
                    torch.detach, operator.getitem}
@@ -158,7 +158,8 @@ def value_numbers(gm: fx.GraphModule) -> dict[fx.Node, torch.Tensor]:
                 ids[node] = found
                 node.meta["rel_info"] = TensorInfo(tuple(found.shape), source_info.dtype, source_info.device)
         else:
-            ids[node] = found if found is not None and tuple(found.shape) == info.shape else numbering.fresh(info.shape)
+            exact = found is not None and tuple(found.shape) == info.shape
+            ids[node] = found if exact else numbering.fresh(info.shape)
     return ids
 
 
@@ -188,14 +189,17 @@ def _attribute(gm: fx.GraphModule, target: str):
 
 
 def _constant_ids(numbering: _Numbering, value: torch.Tensor) -> torch.Tensor:
-    """Equal values (bit for bit: -0.0 is not 0.0, equal NaNs are equal) get equal ids."""
-    flat = value.detach().reshape(-1).cpu()
-    if flat.dtype.is_floating_point or flat.dtype.is_complex:
-        flat = flat.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64,
-                                       16: torch.int64}[flat.element_size()])
-        if flat.shape[0] != value.numel():   # complex128: two int64 per element
-            flat = flat.reshape(value.numel(), -1)
-    columns = flat.long().reshape(value.numel(), -1)
+    """Equal values (bit for bit: -0.0 is not 0.0, equal NaNs are equal) get equal ids; a dtype
+    whose bits cannot be read as integers gets fresh ids."""
+    flat = value.detach().reshape(-1).cpu().contiguous()
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    try:
+        if flat.dtype.is_floating_point or flat.dtype.is_complex:
+            size = flat.element_size()
+            flat = flat.view(bits[min(size, 8)]).reshape(value.numel(), max(size // 8, 1))
+        columns = flat.long().reshape(value.numel(), -1)
+    except (KeyError, RuntimeError, TypeError):
+        return numbering.fresh(value.shape)
     return numbering.intern(("constant", value.dtype), columns).reshape(value.shape)
 
 

@@ -101,7 +101,7 @@ def test_random_scalar_dag_over_repeated_facts_matches_eager_with_value_compress
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(**dags)
 def test_thousand_random_scalar_dags_match_eager(program, rows, width, double, seed):
-    """The fuzz run: ``./test.sh -m fuzz`` (about 7 minutes on 2 cores, with the next test)."""
+    """The fuzz run: ``./test.sh -m fuzz`` (about 7 minutes on 2 cores; the next test 1.5 more)."""
     _check(program, rows, width, double, seed)
 
 
