@@ -214,9 +214,9 @@ def _propagate(gm, node: fx.Node, ids: dict, numbering: _Numbering) -> torch.Ten
         base = of(gather.base)
         if base is None:
             return None
-        if not gather.reduces:
-            return base[gather.index.long()]
-        return _reduced_ids(numbering, node.args[3], base, gather.offsets.long(), gather.index.long())
+        if not gather.reduces:   # (ids live on the CPU, whatever the graph's device)
+            return base[gather.index.long().cpu()]
+        return _reduced_ids(numbering, node.args[3], base, gather.offsets.long().cpu(), gather.index.long().cpu())
     if _is_view(node):
         return _moved_ids(node, of)
     if node.op == "call_function" and (target in _LINEAR or target in _MATMUL or target is torch.addmm):
@@ -377,26 +377,28 @@ def _restrict(gm: fx.GraphModule, node: fx.Node, keep: torch.Tensor) -> bool:
     """Make ``node`` compute only its rows ``keep``; False (and nothing changed) where it cannot."""
     info = tensor_info(node)
     gather = as_gather(gm, node)
-    if gather is not None:
+    if gather is not None:   # index arithmetic on the CPU; the new index goes where the old one was
+        device, index = gather.index.device, gather.index.long().cpu()
         if gather.reduces:
-            starts, ends = gather.offsets[:-1].long()[keep], gather.offsets[1:].long()[keep]
+            bounds = gather.offsets.long().cpu()
+            starts, ends = bounds[:-1][keep], bounds[1:][keep]
             lengths = ends - starts
             offsets = torch.zeros(keep.shape[0] + 1, dtype=torch.long)
             torch.cumsum(lengths, 0, out=offsets[1:])
             entries = torch.repeat_interleave(starts - offsets[:-1], lengths) + torch.arange(int(offsets[-1]))
-            index = gather.index.long()[entries]
+            csr = pack_csr(offsets, index[entries], rows_of(gather.base))
             args = list(node.args)
-            args[1] = add_constant(gm, pack_csr(offsets, index, rows_of(gather.base)), "csr")
+            args[1] = add_constant(gm, csr.to(device), "csr")
             args[2] = keep.shape[0]
             node.args = tuple(args)
         else:
-            index = gather.index.long()[keep]
+            index = index[keep]
             args = list(node.args)
             if node.target is torch.index_select:
-                args[2] = add_constant(gm, index, "index")
+                args[2] = add_constant(gm, index.to(device), "index")
             else:
-                args[1] = add_constant(gm, pack_csr(unit_offsets(index.shape[0], index.device), index,
-                                                   rows_of(gather.base)), "csr")
+                csr = pack_csr(unit_offsets(index.shape[0], index.device), index, rows_of(gather.base))
+                args[1] = add_constant(gm, csr.to(device), "csr")
             node.args = tuple(args)
         set_rows_info(node, node, keep.shape[0])
         return True
