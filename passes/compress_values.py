@@ -29,6 +29,7 @@ rows in every compressed node.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 
@@ -40,7 +41,7 @@ from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 
 from .context import PassContext
-from .gather_nodes import add_constant, as_gather, rows as rows_of, set_rows_info
+from .gather_nodes import add_constant, as_gather, constant_value, rows as rows_of, set_rows_info, set_source
 
 #: compress a node only when its distinct rows are at most this share of its rows
 RATIO = 0.75
@@ -132,8 +133,10 @@ def value_numbers(gm: fx.GraphModule) -> dict[fx.Node, torch.Tensor]:
     ids: dict[fx.Node, torch.Tensor] = {}
     for node in gm.graph.nodes:
         info = tensor_info(node)
-        if node.op in ("placeholder", "output"):
-            buffer = _dynamo_buffer(node) if node.op == "placeholder" else None
+        if node.op == "output":
+            continue
+        if node.op == "placeholder":
+            buffer = _dynamo_buffer(node)
             if buffer is not None:
                 ids[node] = _constant_ids(numbering, buffer)
             elif info is not None:
@@ -142,8 +145,8 @@ def value_numbers(gm: fx.GraphModule) -> dict[fx.Node, torch.Tensor]:
         if node.op == "get_attr":
             if node.users and all(_reads_as_index(user, node) for user in node.users):
                 continue   # a gather's index: never a value of the model
-            value = _attribute(gm, node.target)
-            if isinstance(value, torch.Tensor):
+            value = constant_value(gm, node)
+            if value is not None:
                 constant = id(value) not in parameters and not value.requires_grad
                 ids[node] = _constant_ids(numbering, value) if constant else numbering.fresh(value.shape)
             continue
@@ -164,9 +167,7 @@ def value_numbers(gm: fx.GraphModule) -> dict[fx.Node, torch.Tensor]:
 
 
 def _reads_as_index(user: fx.Node, constant: fx.Node) -> bool:
-    if user.target is _GATHER_ROWS or user.target is _GATHER_REDUCE:
-        return user.args[0] is not constant
-    return user.target is torch.index_select and user.args[0] is not constant
+    return user.target in (_GATHER_ROWS, _GATHER_REDUCE, torch.index_select) and user.args[0] is not constant
 
 
 def _dynamo_buffer(node: fx.Node) -> torch.Tensor | None:
@@ -178,14 +179,6 @@ def _dynamo_buffer(node: fx.Node) -> torch.Tensor | None:
         return None
     value = getattr(arg, "example", None)
     return value if isinstance(value, torch.Tensor) and not value.requires_grad else None
-
-
-def _attribute(gm: fx.GraphModule, target: str):
-    """The value a get_attr node reads (``conv1.weight`` is a dotted path)."""
-    value = gm
-    for name in target.split("."):
-        value = getattr(value, name, None)
-    return value
 
 
 def _constant_ids(numbering: _Numbering, value: torch.Tensor) -> torch.Tensor:
@@ -386,20 +379,12 @@ def _restrict(gm: fx.GraphModule, node: fx.Node, keep: torch.Tensor) -> bool:
             offsets = torch.zeros(keep.shape[0] + 1, dtype=torch.long)
             torch.cumsum(lengths, 0, out=offsets[1:])
             entries = torch.repeat_interleave(starts - offsets[:-1], lengths) + torch.arange(int(offsets[-1]))
-            csr = pack_csr(offsets, index[entries], rows_of(gather.base))
-            args = list(node.args)
-            args[1] = add_constant(gm, csr.to(device), "csr")
-            args[2] = keep.shape[0]
-            node.args = tuple(args)
+            gather = dataclasses.replace(gather, offsets=offsets.to(device))
+            index = index[entries]
+            node.args = (*node.args[:2], keep.shape[0], *node.args[3:])
         else:
             index = index[keep]
-            args = list(node.args)
-            if node.target is torch.index_select:
-                args[2] = add_constant(gm, index.to(device), "index")
-            else:
-                csr = pack_csr(unit_offsets(index.shape[0], index.device), index, rows_of(gather.base))
-                args[1] = add_constant(gm, csr.to(device), "csr")
-            node.args = tuple(args)
+        set_source(gm, gather, gather.base, index.to(device))
         set_rows_info(node, node, keep.shape[0])
         return True
     aligned = _row_aligned_operands(node, info)
@@ -456,8 +441,8 @@ def _aligned(operand: fx.Node, info) -> bool:
 def _select_rows(gm: fx.GraphModule, operand: fx.Node, keep: torch.Tensor, before: fx.Node) -> fx.Node:
     """A node for ``operand[keep]``: a smaller constant for a constant, else a gather."""
     info = tensor_info(operand)
-    value = _attribute(gm, operand.target) if operand.op == "get_attr" else None
-    if isinstance(value, torch.Tensor) and not value.requires_grad and not isinstance(value, torch.nn.Parameter):
+    value = constant_value(gm, operand)
+    if value is not None and not value.requires_grad and not isinstance(value, torch.nn.Parameter):
         selected = add_constant(gm, value[keep.to(value.device)].clone(), "values")
     else:
         with gm.graph.inserting_before(before):

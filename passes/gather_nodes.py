@@ -71,8 +71,11 @@ def rows(node) -> int | None:
 
 
 def constant_value(gm: fx.GraphModule, node) -> torch.Tensor | None:
+    """The tensor a get_attr node reads (its target may be a dotted path: ``conv1.weight``), else None."""
     if isinstance(node, fx.Node) and node.op == "get_attr":
-        value = getattr(gm, node.target, None)
+        value = gm
+        for name in node.target.split("."):
+            value = getattr(value, name, None)
         return value if isinstance(value, torch.Tensor) else None
     return None
 
