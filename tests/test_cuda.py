@@ -157,3 +157,22 @@ def test_styles_written_by_others_run_on_cuda(name):
     batch = graph_batch("mutagenesis", graphs=3)
     assert_fast_compile_matches_eager(*_on_cuda(STYLES[name](batch), batch))
 
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_value_compression_on_cuda_matches_eager(dtype):
+    """``value_compression`` numbers the rows on the CPU and puts its index constants on the GPU."""
+    from tests.test_compress_values import _compressed, fact_gcn
+    model = fact_gcn(dtype).cuda()
+    compiled = assert_fast_compile_matches_eager(model, value_compression=True)
+    assert _compressed(compiled), "no node was compressed"
+
+
+@needs_cuda
+def test_value_compression_through_torch_compile_on_cuda():
+    """Under Dynamo the facts buffer arrives as a graph input on the GPU, and is still read by value."""
+    from tests.test_compress_values import fact_gcn
+    model = fact_gcn(graphs=2).cuda()
+    report = assert_compiled_matches_eager(model, value_compression=True)
+    assert any(g.stats.get("rows_compressed") for g in report.graphs)
