@@ -14,7 +14,8 @@ materialising the ``[nnz, ...]`` rows that ``index_select`` +
 ``segment_reduce`` copy.
 
 The backward pass is the transposed product ``grad_source = A^T @ grad_out``
-(divided by the segment sizes first for ``mean``): again row-parallel and
+(for ``mean``, ``A`` holds 1/size of its segment in each entry, and so does
+``A^T``: the op's internal ``"mean_adjoint"`` reduction): again row-parallel and
 deterministic, never an atomic scatter. The index structure is a compile-time
 constant, so the transpose is computed once, by :func:`pack_csr`, and travels
 with ``A`` in one packed buffer ``csr = [offsets, index, offsets_t, index_t]``;
@@ -41,6 +42,9 @@ from . import triton_csr
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 GATHER_REDUCTIONS = ("sum", "mean")
+#: the reduction that computes the backward of each: a product by the transposed matrix
+#: (``"mean_adjoint"``: each entry weighted by 1/size of its segment in the forward's matrix)
+ADJOINT = {"sum": "sum", "mean": "mean_adjoint", "mean_adjoint": "mean"}
 
 
 def pack_csr(offsets: Tensor, index: Tensor, columns: int) -> Tensor:
@@ -70,8 +74,8 @@ def unpack_csr(csr: Tensor, rows: int, columns: int, transpose: bool = False) ->
 
 
 def _check(source: Tensor, csr: Tensor, reduce: str) -> None:
-    if reduce not in GATHER_REDUCTIONS:
-        raise ValueError(f"gather_reduce: reduce must be one of {GATHER_REDUCTIONS}, got {reduce!r}")
+    if reduce not in ADJOINT:
+        raise ValueError(f"gather_reduce: reduce must be one of {tuple(ADJOINT)}, got {reduce!r}")
     if source.dim() == 0 or not source.dtype.is_floating_point:
         raise ValueError(f"gather_reduce: source must be a floating tensor with rows, got "
                          f"{source.dtype} of shape {tuple(source.shape)}")
@@ -97,21 +101,20 @@ _lib.define("gather_rows(Tensor source, Tensor csr) -> Tensor")
 
 def _gather_reduce(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
     _check(source, csr, reduce)
-    matrix, scale = _matrix(csr, rows, source.shape[0], transpose, reduce, source.dtype, source.device)
+    matrix = _matrix(csr, rows, source.shape[0], transpose, reduce, source.dtype, source.device)
     flat = source if source.dim() == 2 else source.reshape(source.shape[0], -1)
     out = _product(matrix, flat, rows)
-    if scale is not None:
-        out = out / scale
     return out if source.dim() == 2 else out.reshape((rows, *source.shape[1:]))
 
 
 class TritonCSR:
     """``A`` for the Triton kernel: views of its CSR offsets and column indices, and the reduction
-    (the kernel divides by the segment sizes itself, see :mod:`.triton_csr`)."""
-    __slots__ = ("offsets", "index", "reduce", "longest")
+    (the kernel divides by the segment sizes itself, see :mod:`.triton_csr`; for ``mean_adjoint``
+    the source rows are divided by ``pre`` first, then summed)."""
+    __slots__ = ("offsets", "index", "reduce", "pre", "longest")
 
-    def __init__(self, offsets: Tensor, index: Tensor, reduce: str):
-        self.offsets, self.index, self.reduce = offsets, index, reduce
+    def __init__(self, offsets: Tensor, index: Tensor, reduce: str, pre: Tensor | None = None):
+        self.offsets, self.index, self.reduce, self.pre = offsets, index, reduce, pre
         # (reading it back waits for the device, which a CUDA graph being recorded must not do:
         # then the kernel goes by the mean segment length)
         self.longest = None if torch.cuda.is_current_stream_capturing() else triton_csr.longest_segment(offsets)
@@ -126,7 +129,8 @@ def _product(matrix, flat: Tensor, rows: int) -> Tensor:
     if matrix is None or flat.shape[1] == 0:
         return flat.new_zeros((rows, flat.shape[1]))
     if isinstance(matrix, TritonCSR):
-        return triton_csr.csr_reduce(flat, matrix.offsets, matrix.index, rows, matrix.reduce,
+        source = flat if matrix.pre is None else flat / matrix.pre
+        return triton_csr.csr_reduce(source, matrix.offsets, matrix.index, rows, matrix.reduce,
                                      longest=matrix.longest)
     return torch.sparse.mm(matrix, flat.contiguous())
 
@@ -135,8 +139,7 @@ _MATRICES: dict = {}
 
 
 def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, device):
-    """The sparse matrix (None if empty) and, for ``mean``, the ``[rows, 1]`` segment sizes
-    (None for the Triton kernel, which divides by them itself).
+    """The sparse matrix of the product (None if empty); its values are :func:`_entry_weights`.
 
     Cached per packed buffer: the graph passes the same constant on every
     call, and building the sparse tensor costs as much as a small product.
@@ -150,16 +153,36 @@ def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, 
         a, b = (columns, rows) if transpose else (rows, columns)
         offsets, index = unpack_csr(csr, a, b, transpose=transpose)
         matrix = None
-        if index.shape[0] and triton:
+        if index.shape[0] and triton and reduce == "mean_adjoint":
+            matrix = TritonCSR(offsets, index, "sum", _adjoint_sizes(csr, a, b, transpose, dtype).unsqueeze(1))
+        elif index.shape[0] and triton:
             matrix = TritonCSR(offsets, index, reduce)
         elif index.shape[0]:
-            ones = torch.ones(index.shape[0], dtype=dtype, device=device)
-            matrix = torch.sparse_csr_tensor(offsets, index, ones, (rows, columns), check_invariants=False)
-        scale = _counts(offsets, dtype).unsqueeze(1) if reduce == "mean" and not triton else None
+            weights = _entry_weights(csr, (a, b, transpose), offsets, index, reduce, dtype)
+            matrix = torch.sparse_csr_tensor(offsets, index, weights, (rows, columns), check_invariants=False)
         if len(_MATRICES) > 256:
             _MATRICES.clear()
-        cached = _MATRICES[key] = (csr, matrix, scale)
-    return cached[1], cached[2]
+        cached = _MATRICES[key] = (csr, matrix)
+    return cached[1]
+
+
+def _entry_weights(csr: Tensor, layout: tuple, offsets: Tensor, index: Tensor, reduce: str,
+                   dtype: torch.dtype) -> Tensor:
+    """The sparse matrix's values: 1 for ``sum``; for ``mean``, 1/size of the entry's segment; for
+    ``mean_adjoint`` (the transposed matrix of a ``mean``), 1/size of the segment the entry came
+    from. The product is then the mean, or its backward, itself: no division of the whole
+    output (or gradient) per call."""
+    if reduce == "sum":
+        return torch.ones(index.shape[0], dtype=dtype, device=offsets.device)
+    if reduce == "mean":
+        return torch.repeat_interleave(1 / _counts(offsets, dtype), offsets[1:] - offsets[:-1],
+                                       output_size=index.shape[0])
+    return (1 / _adjoint_sizes(csr, *layout, dtype)).index_select(0, index.long())
+
+
+def _adjoint_sizes(csr: Tensor, a: int, b: int, transpose: bool, dtype: torch.dtype) -> Tensor:
+    """The segment sizes (at least 1) of the matrix whose transpose ``mean_adjoint`` multiplies by."""
+    return _counts(unpack_csr(csr, a, b, transpose=not transpose)[0], dtype)
 
 
 _lib.impl("gather_reduce", _gather_reduce, "CompositeExplicitAutograd")
@@ -180,11 +203,7 @@ def _setup_gather_reduce(ctx, inputs, output):
 
 def _gather_reduce_backward(ctx, grad_out: Tensor):
     (csr,) = ctx.saved_tensors
-    if ctx.reduce == "mean":
-        a, b = (ctx.source_rows, ctx.rows) if ctx.transpose else (ctx.rows, ctx.source_rows)
-        offsets, _ = unpack_csr(csr, a, b, transpose=ctx.transpose)
-        grad_out = grad_out / _counts(offsets, grad_out.dtype).reshape((-1,) + (1,) * (grad_out.dim() - 1))
-    return gather_reduce(grad_out, csr, ctx.source_rows, "sum", not ctx.transpose), None, None, None, None
+    return gather_reduce(grad_out, csr, ctx.source_rows, ADJOINT[ctx.reduce], not ctx.transpose), None, None, None, None
 
 
 torch.library.register_autograd("dynamo_relational::gather_reduce", _gather_reduce_backward,
@@ -241,28 +260,24 @@ def unit_offsets(rows: int, device=None) -> Tensor:
 # --------------------------------------------------------------------------- eager forms
 
 class _Plan:
-    """One product ``out = (A @ (source / pre)) / post`` with ``A`` prepared once, and its transpose.
+    """One product ``out = A @ source`` (or gather ``source[index]``) with ``A`` prepared once, and its transpose.
 
     The eager forms below run a grouped graph's products as plain ATen calls
     under one ``torch.autograd.Function`` each: the custom ops' Python
     dispatch and autograd wrapper cost tens of microseconds per call, as much
     as a product itself on Mutagenesis-sized graphs.
     """
-    __slots__ = ("matrix", "index", "pre", "post", "rows", "transpose")
+    __slots__ = ("matrix", "index", "rows", "transpose")
 
-    def __init__(self, matrix, index, pre, post, rows: int):
-        self.matrix, self.index, self.pre, self.post, self.rows = matrix, index, pre, post, rows
+    def __init__(self, matrix, index, rows: int):
+        self.matrix, self.index, self.rows = matrix, index, rows
         self.transpose: _Plan | None = None
 
     def apply(self, source: Tensor) -> Tensor:
         if self.index is not None:      # one entry per row: a gather
             return source.index_select(0, self.index)
         flat = source if source.dim() == 2 else source.reshape(source.shape[0], -1)
-        if self.pre is not None:
-            flat = flat / self.pre
         out = _product(self.matrix, flat, self.rows)
-        if self.post is not None:
-            out = out / self.post
         return out if source.dim() == 2 else out.reshape((self.rows, *source.shape[1:]))
 
 
@@ -288,18 +303,13 @@ def _plan(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dt
     cached = _PLANS.get(key)
     if cached is not None and cached[0] is csr:
         return cached[1]
-    back, _ = _matrix(csr, columns, rows, not transpose, "sum", dtype, device)
     if gather:   # gather_rows: an index_select forward, the transposed product backward
         a, b = (columns, rows) if transpose else (rows, columns)
-        plan = _Plan(None, unpack_csr(csr, a, b, transpose=transpose)[1], None, None, rows)
+        plan = _Plan(None, unpack_csr(csr, a, b, transpose=transpose)[1], rows)
     else:
-        matrix, scale = _matrix(csr, rows, columns, transpose, reduce, dtype, device)
-        plan = _Plan(matrix, None, None, scale, rows)
-    pre = plan.post
-    if reduce == "mean" and pre is None and not gather:   # the Triton kernel divided by the sizes itself
-        a, b = (columns, rows) if transpose else (rows, columns)
-        pre = _counts(unpack_csr(csr, a, b, transpose=transpose)[0], dtype).unsqueeze(1)
-    plan.transpose = _Plan(back, None, pre, None, columns)
+        plan = _Plan(_matrix(csr, rows, columns, transpose, reduce, dtype, device), None, rows)
+    back = _matrix(csr, columns, rows, not transpose, "sum" if gather else ADJOINT[reduce], dtype, device)
+    plan.transpose = _Plan(back, None, columns)
     plan.transpose.transpose = plan
     if len(_PLANS) > 256:
         _PLANS.clear()

@@ -51,6 +51,44 @@ def test_transpose_multiplies_by_the_transposed_matrix():
     torch.testing.assert_close(gather_reduce(source, csr, 5, "sum", True), dense.t() @ source)
 
 
+def _count_matrix() -> torch.Tensor:
+    """``A`` as a dense matrix: entry (row, column) counts how often the row's segment reads the column."""
+    dense = torch.zeros(len(COUNTS), 5, dtype=torch.float64)
+    for row, (lo, hi) in enumerate(zip(csr_offsets(COUNTS)[:-1], csr_offsets(COUNTS)[1:])):
+        for column in INDEX[lo:hi]:
+            dense[row, column] += 1
+    return dense
+
+
+def _mean_of(matrix: torch.Tensor) -> torch.Tensor:
+    return matrix / matrix.sum(1, keepdim=True).clamp(min=1)
+
+
+def test_mean_adjoint_multiplies_by_the_transposed_mean_matrix():
+    """``mean`` is the product by the matrix of 1/segment-size entries, ``mean_adjoint`` (its
+    backward) the product by that matrix's transpose, in either orientation of the packed CSR."""
+    csr = pack_csr(csr_offsets(COUNTS), INDEX, 5)
+    counts = _count_matrix()
+    rows, columns = torch.randn(len(COUNTS), 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)
+    torch.testing.assert_close(gather_reduce(columns, csr, len(COUNTS), "mean"), _mean_of(counts) @ columns)
+    torch.testing.assert_close(gather_reduce(rows, csr, 5, "mean_adjoint", True), _mean_of(counts).t() @ rows)
+    # transposed: the segments are A's columns
+    torch.testing.assert_close(gather_reduce(rows, csr, 5, "mean", True), _mean_of(counts.t()) @ rows)
+    torch.testing.assert_close(gather_reduce(columns, csr, len(COUNTS), "mean_adjoint"), _mean_of(counts.t()).t() @ columns)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("reduce", ["mean", "mean_adjoint"])
+def test_mean_gradients_pass_gradcheck(reduce, transpose):
+    """First and second derivatives of both weighted products (each is the other's backward)."""
+    csr = pack_csr(csr_offsets(COUNTS), INDEX, 5)
+    rows = 5 if transpose else len(COUNTS)
+    source = torch.randn(len(COUNTS) if transpose else 5, 3, dtype=torch.float64, requires_grad=True)
+    fn = lambda s: gather_reduce(s, csr, rows, reduce, transpose)   # noqa: E731
+    assert torch.autograd.gradcheck(fn, (source,))
+    assert torch.autograd.gradgradcheck(fn, (source,))
+
+
 def test_backward_is_deterministic():
     torch.manual_seed(0)
     index = torch.randint(0, 50, (20000,))
@@ -64,7 +102,7 @@ def test_backward_is_deterministic():
 def test_opcheck_passes():
     source = torch.randn(5, 3, requires_grad=True)
     csr = pack_csr(csr_offsets(COUNTS), INDEX, 5)
-    for reduce in ("sum", "mean"):
+    for reduce in ("sum", "mean", "mean_adjoint"):
         torch.library.opcheck(torch.ops.dynamo_relational.gather_reduce.default, (source, csr, len(COUNTS), reduce))
     torch.library.opcheck(torch.ops.dynamo_relational.gather_rows.default,
                           (source, pack_csr(unit_offsets(len(INDEX)), INDEX, 5)))
