@@ -117,7 +117,8 @@ class TritonCSR:
         self.offsets, self.index, self.reduce, self.pre = offsets, index, reduce, pre
         # (reading it back waits for the device, which a CUDA graph being recorded must not do:
         # then the kernel goes by the mean segment length)
-        self.longest = None if torch.cuda.is_current_stream_capturing() else triton_csr.longest_segment(offsets)
+        capturing = offsets.is_cuda and torch.cuda.is_current_stream_capturing()
+        self.longest = None if capturing else triton_csr.longest_segment(offsets)
 
 
 #: who multiplies by ``A`` on CUDA: "triton" (when installed) or "cusparse" (``torch.sparse.mm``)
@@ -138,6 +139,13 @@ def _product(matrix, flat: Tensor, rows: int) -> Tensor:
 _MATRICES: dict = {}
 
 
+def _multiplies_with_triton(device, dtype) -> bool:
+    """Whether the Triton kernel multiplies by ``A`` (else ``torch.sparse.mm``). A function of its own
+    so that a test can take the Triton path on CPU, in Triton's interpreter."""
+    return (cuda_provider == "triton" and triton_csr.AVAILABLE and torch.device(device).type == "cuda"
+            and dtype in triton_csr.FLOATS)
+
+
 def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, device):
     """The sparse matrix of the product (None if empty); its values are :func:`_entry_weights`.
 
@@ -145,8 +153,7 @@ def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, 
     call, and building the sparse tensor costs as much as a small product.
     The entry holds views of ``csr``, so its address cannot be reused while cached.
     """
-    triton = (cuda_provider == "triton" and triton_csr.AVAILABLE and torch.device(device).type == "cuda"
-              and dtype in triton_csr.FLOATS)
+    triton = _multiplies_with_triton(device, dtype)
     key = (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, device, triton)
     cached = _MATRICES.get(key)
     if cached is None or cached[0] is not csr:

@@ -1,8 +1,9 @@
 """The CUDA path: the Triton CSR kernel, the custom ops on CUDA (Triton and cuSPARSE providers),
 and compiled models on a GPU against eager.
 
-Everything here needs a CUDA device, except the kernel check, which also runs
-on CPU in Triton's interpreter when Triton is installed.
+Everything here needs a CUDA device, except two checks of the Triton path (the
+kernels, and the ops and their derivatives through them), which also run on
+CPU in Triton's interpreter when Triton is installed.
 """
 import importlib
 import itertools
@@ -73,6 +74,57 @@ def test_csr_kernel_matches_aten_in_the_triton_interpreter():
 @pytest.mark.skipif(not triton_csr.AVAILABLE, reason="needs Triton")
 def test_csr_kernel_matches_aten_on_cuda():
     check_csr_reduce("cuda", dtypes=(torch.float32, torch.float64, torch.bfloat16))
+
+
+def check_triton_products_equal_sparse_products() -> None:
+    """``gather_reduce``, its eager form, and their first and second derivatives, through the Triton
+    kernel against ``torch.sparse.mm``, on CPU: run under Triton's interpreter, with the Triton path
+    taken for CPU tensors. This checks the wiring around the kernel, e.g. a mean's backward, which
+    the Triton path computes by dividing the source rows by the forward's segment sizes, then summing."""
+    counts = [3, 0, 2, 4, 1]
+    csr = pack_csr(csr_offsets(counts), torch.tensor([0, 4, 2, 1, 1, 3, 0, 4, 2, 5]), 6)
+    generator = torch.Generator().manual_seed(1)
+    cases = []
+    for op, reduce, (rows, columns, transpose) in itertools.product(
+            (gather_reduce, gather_reduce_module.gather_reduce_eager), ("sum", "mean"),
+            ((len(counts), 6, False), (6, len(counts), True))):
+        source, weight, direction = (torch.randn(shape, dtype=torch.float64, generator=generator)
+                                     for shape in ((columns, 3), (rows, 3), (columns, 3)))
+        cases.append((op, reduce, rows, transpose, source, weight, direction))
+
+    def derivatives():
+        gather_reduce_module._MATRICES.clear()
+        gather_reduce_module._PLANS.clear()
+        results = []
+        for op, reduce, rows, transpose, source, weight, direction in cases:
+            source, weight = source.clone().requires_grad_(), weight.clone().requires_grad_()
+            out = op(source, csr, rows, reduce, transpose)
+            grad, = torch.autograd.grad((out * weight).sum(), source, create_graph=True)
+            second, = torch.autograd.grad((grad * direction).sum(), weight)
+            results.append((f"{op.__name__} {reduce} transpose={transpose}", out, grad, second))
+        return results
+
+    want = derivatives()
+    uses_triton = gather_reduce_module._multiplies_with_triton
+    gather_reduce_module._multiplies_with_triton = lambda device, dtype: True
+    try:
+        got = derivatives()
+        matrices = [matrix for _, matrix in gather_reduce_module._MATRICES.values()]
+        assert matrices and all(isinstance(m, gather_reduce_module.TritonCSR) for m in matrices)
+    finally:
+        gather_reduce_module._multiplies_with_triton = uses_triton
+    for (case, *expected), (_, *actual) in zip(want, got):
+        for name, e, a in zip(("output", "gradient", "second derivative"), expected, actual):
+            torch.testing.assert_close(a.detach(), e.detach(), msg=lambda m: f"{case}, {name}: {m}")
+
+
+@pytest.mark.skipif(not triton_csr.AVAILABLE, reason="needs Triton")
+def test_triton_products_equal_sparse_products_in_the_triton_interpreter():
+    """(A child process, as above.)"""
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    code = "from tests.test_cuda import check_triton_products_equal_sparse_products as c; c()"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 @pytest.fixture(params=["triton", "cusparse"])
