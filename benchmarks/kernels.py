@@ -23,7 +23,8 @@ in others):
 * ``index_select+index_add`` (sum): gather, then scatter-add (atomic on some backends);
 * ``padded gather+sum [inductor]`` (sum): the index padded to the widest row
   (ELL) and the gather + sum compiled by Inductor, which lowers and fuses it
-  (what an Inductor-lowerable ``gather_reduce`` would be); up to 1e6 rows;
+  (``kernels/padded.py``: the form ``options["gather_reduce_form"] = "padded"``
+  compiles to); up to 1e6 rows;
 * ``torch_scatter.segment_csr`` (sum): torch-scatter called directly, with its
   own backward, when it is installed.
 
@@ -40,6 +41,7 @@ import torch
 
 from dynamo_relational.kernels import triton_csr
 from dynamo_relational.kernels.gather_reduce import gather_reduce, pack_csr
+from dynamo_relational.kernels.padded import ell_layout, gather_reduce_padded
 from dynamo_relational.kernels.segment import csr_offsets, segment_reduce
 
 # (the package exports the op under the module's name)
@@ -57,20 +59,8 @@ def _with_provider(provider: str, fn):
 PADDED_MAX_ROWS = 10 ** 6
 
 
-def padded_index(offsets: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``index`` as a ``[rows, widest row]`` matrix, one row per segment, padded with -1 (ELL format)."""
-    counts = offsets[1:] - offsets[:-1]
-    rows = torch.arange(counts.shape[0], device=index.device).repeat_interleave(counts)
-    slots = torch.arange(index.shape[0], device=index.device) - offsets[:-1].repeat_interleave(counts)
-    padded = torch.full((counts.shape[0], int(counts.max())), -1, dtype=torch.long, device=index.device)
-    padded[rows, slots] = index
-    return padded
-
-
-@torch.compile(dynamic=False)
-def _padded_sum(x: torch.Tensor, padded: torch.Tensor) -> torch.Tensor:
-    """The gather + sum in a form Inductor lowers and fuses: a reduction over the padded width."""
-    return torch.where((padded >= 0).unsqueeze(-1), x[padded.clamp(min=0)], 0).sum(1)
+#: the padded gather + sum (``kernels/padded.py``), compiled by Inductor, which lowers and fuses it
+_padded_sum = torch.compile(gather_reduce_padded, dynamic=False)
 
 
 def _segment_reduce(src: torch.Tensor, offsets: torch.Tensor, reduce: str, provider: str):
@@ -106,8 +96,9 @@ def providers(source_rows: int, src: torch.Tensor, dst: torch.Tensor, reduce: st
         result["index_select+index_add"] = lambda x: x.new_zeros(source_rows, x.shape[1]).index_add_(
             0, dst, x.index_select(0, src))
         if src.shape[0] <= PADDED_MAX_ROWS:
-            padded = padded_index(offsets, src)
-            result["padded gather+sum [inductor]"] = lambda x: _padded_sum(x, padded)
+            slots, weights = ell_layout(pack_csr(offsets, src, source_rows), source_rows, source_rows, False, "sum")
+            weights = weights.float()   # the benchmark's features are float32
+            result["padded gather+sum [inductor]"] = lambda x: _padded_sum(x, slots, weights)
         if torch_scatter is not None:
             result["torch_scatter.segment_csr"] = lambda x: torch_scatter.segment_csr(x.index_select(0, src),
                                                                                       offsets)

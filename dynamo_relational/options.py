@@ -97,6 +97,16 @@ class Options:
     #: run side by side in one process. Asking for ``"torch_scatter"`` without
     #: the package installed is an error that says how to install it.
     segment_provider: Literal["aten", "torch_scatter"] = "aten"
+    #: How the graph computes its fused gather-reductions (sums and means of
+    #: gathered rows). ``"csr"``: the ``gather_reduce`` custom op (MKL's sparse
+    #: product on CPU, Triton or cuSPARSE on CUDA; deterministic). ``"padded"``:
+    #: ATen ops that Inductor lowers and fuses with their producer, a gather over
+    #: the index padded to the widest segment, then a sum
+    #: (``passes/padded_gathers.py``; its backward scatters with atomic adds, so
+    #: it is not deterministic under several threads). ``"csr"`` is the default:
+    #: the padded form measured 12-30x slower on CPU from 1e4 rows on, and
+    #: slower on an H100 too (docs/BENCHMARKS.md, "Kernel providers").
+    gather_reduce_form: Literal["csr", "padded"] = "csr"
     #: Value-based compression (``passes/compress_values.py``): every
     #: vectorized node computes each of its distinct rows once, and gathers
     #: expand them for its users. Rows are equal when they are computed the
@@ -157,6 +167,9 @@ class Options:
                                f"got {self.segment_provider!r}")
         if self.segment_provider == "torch_scatter":
             require_torch_scatter()
+        if self.gather_reduce_form not in ("csr", "padded"):
+            raise OptionsError(f"option 'gather_reduce_form' must be 'csr' or 'padded', "
+                               f"got {self.gather_reduce_form!r}")
         from dynamo_relational.passes import OPTIONAL_PASSES
 
         if isinstance(self.disable, str) or not all(isinstance(p, str) for p in self.disable):

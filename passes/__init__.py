@@ -5,7 +5,8 @@ The first five build the vectorized graph; the rest optimize it and can be
 switched off one by one with ``options={"disable": ("name", ...)}``.
 """
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, fuse_linear, grouping,
-               inplace, linear_layout, postpone_gathers, recompute_gathers, rewrite_search, simplify_gathers, vectorize)
+               inplace, linear_layout, padded_gathers, postpone_gathers, recompute_gathers, rewrite_search,
+               simplify_gathers, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
@@ -24,11 +25,12 @@ PIPELINE = (
     ("rewrite_search", rewrite_search.run),  # sequences of the rewrites above (and commute_linear), by cost
     ("linear_layout", linear_layout.run),  # tall, narrow linear -> (W x^T)^T where measured faster
     ("cleanup", cleanup.run),        # dead code, reshape chains, lint
+    ("padded_gathers", padded_gathers.run),  # gather_reduce -> padded ATen form (option gather_reduce_form)
     ("recompute_gathers", recompute_gathers.run),  # edge-sized gathers: recompute in backward, not saved
 )
 
 #: the optimizer passes that ``options["disable"]`` may name
 OPTIONAL_PASSES = ("compress_values", "postpone_gathers", "compose_gathers", "simplify_gathers", "absorb_gathers",
-                   "fuse_linear", "rewrite_search", "linear_layout", "recompute_gathers")
+                   "fuse_linear", "rewrite_search", "linear_layout", "padded_gathers", "recompute_gathers")
 
 __all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]

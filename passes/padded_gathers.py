@@ -1,0 +1,91 @@
+"""Padded gather-reductions: ``gather_reduce`` as ATen ops that Inductor lowers and fuses (opt-in).
+
+With ``options={"gather_reduce_form": "padded"}``, rewrites every
+``gather_reduce(source, csr, rows, reduce, transpose)`` into
+``gather_reduce_padded(source, slots, weights)`` (``kernels/padded.py``): a
+gather over the index padded to the widest segment, weighted, then summed over
+the padded width. Inductor has no kernel for our custom op and calls it as it
+is; it lowers this form into one reduction loop, fused with the elementwise op
+that produced ``source``.
+
+Legal because the two compute the same sum of weighted rows (only the order
+of additions may differ, within rounding); padding entries have weight 0 and
+read row 0 (a ``source`` without rows has no entries, so it is left alone).
+Costs ``rows x width`` reads instead of one per entry: a segment much wider
+than the others pads every row to its width, so a node whose padded index would
+exceed ``MAX_PADDING`` times its entries keeps the CSR product (counted in
+``stats["padded_gathers_kept"]``). Measured slower than MKL's product on CPU
+(docs/BENCHMARKS.md, "Kernel providers"), so the default form is ``"csr"`` and
+this pass then does nothing.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.fx as fx
+
+from dynamo_relational.kernels.padded import ell_layout, gather_reduce_padded
+from dynamo_relational.ops import tensor_info
+
+from .context import PassContext
+from .gather_nodes import add_constant, constant_value, rows
+
+log = logging.getLogger("dynamo_relational")
+
+_GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
+#: the most padded slots per entry a rewritten node may have
+MAX_PADDING = 4
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    if ctx.options.gather_reduce_form != "padded":
+        return gm
+    rewritten = kept = 0
+    for node in list(gm.graph.find_nodes(op="call_function", target=_GATHER_REDUCE)):
+        layout = _padded_layout(gm, node)
+        if layout is None:
+            kept += 1
+            continue
+        slots, weights = layout
+        with gm.graph.inserting_before(node):
+            padded = gm.graph.call_function(gather_reduce_padded, (
+                node.args[0], add_constant(gm, slots, "slots"), add_constant(gm, weights, "weights")))
+        padded.meta.update(node.meta)
+        csr_node = node.args[1]
+        node.replace_all_uses_with(padded)
+        gm.graph.erase_node(node)
+        _erase_if_unread(gm, csr_node)
+        rewritten += 1
+    if rewritten:
+        gm.graph.lint()
+        gm.recompile()
+    ctx.stats["padded_gathers"] = rewritten
+    ctx.stats["padded_gathers_kept"] = kept
+    return gm
+
+
+def _padded_layout(gm: fx.GraphModule, node: fx.Node):
+    """``(slots, weights)`` for ``node``, or None (logged) where it keeps the CSR product."""
+    source, csr_node, out_rows, reduce = node.args[:4]
+    transpose = node.args[4] if len(node.args) > 4 else node.kwargs.get("transpose", False)
+    csr, columns, info = constant_value(gm, csr_node), rows(source), tensor_info(source)
+    if csr is None or columns is None or info is None or columns == 0:
+        log.info("relational: %s keeps the CSR product: its index or source rows are not known", node.name)
+        return None
+    slots, weights = ell_layout(csr, out_rows, columns, transpose, reduce)
+    entries = int((weights != 0).sum())
+    if slots.numel() > MAX_PADDING * max(entries, 1):
+        log.info("relational: %s keeps the CSR product: padding its %d entries to %d rows x %d would read "
+                 "%.1fx as many", node.name, entries, slots.shape[0], slots.shape[1], slots.numel() / max(entries, 1))
+        return None
+    return slots, weights.to(info.dtype)
+
+
+def _erase_if_unread(gm: fx.GraphModule, csr_node: fx.Node) -> None:
+    """Drop a packed index that nothing reads any more, node and buffer."""
+    if csr_node.users:
+        return
+    gm.graph.erase_node(csr_node)
+    if not any(n.op == "get_attr" and n.target == csr_node.target for n in gm.graph.nodes):
+        delattr(gm, csr_node.target)
