@@ -95,6 +95,7 @@ def test_a_wide_segment_keeps_the_csr_product():
                                            gather_reduce_form="padded")
     stats = report.graphs[0].stats
     assert stats["padded_gathers_kept"] >= 1 and "gather_reduce" in report.graphs[0].after
+    assert f"{stats['padded_gathers_kept']} kept the CSR product" in str(report)   # explain() says so
 
 
 def test_an_unknown_form_is_an_error_naming_the_option():
