@@ -6,6 +6,9 @@ system             what runs
 eager              the scalar-granular model, eager PyTorch
 inductor           the scalar model under stock ``torch.compile`` (Inductor)          [capped]
 relational         the scalar model under ``torch.compile(backend="relational")``     [capped]
+relational_unguarded  the same, each timed call under
+                   ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``: Dynamo
+                   skips the guards on the model's Python structure (docs/guards.md) [capped]
 relational_fast    the scalar model through ``dynamo_relational.compile`` (the fast
                    front-end), when the installed package has it
 pyg                the PyTorch Geometric peer with the same weights, eager
@@ -40,9 +43,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-SYSTEMS = ("eager", "inductor", "relational", "relational_fast", "pyg", "pyg_compile")
+SYSTEMS = ("eager", "inductor", "relational", "relational_unguarded", "relational_fast", "pyg", "pyg_compile")
 #: systems that TorchDynamo traces on the scalar model: run in a child process under the compile cap
-CAPPED = ("inductor", "relational")
+CAPPED = ("inductor", "relational", "relational_unguarded")
 #: systems that need a PyG peer
 NEEDS_PEER = ("pyg", "pyg_compile")
 
@@ -88,9 +91,21 @@ def prepare(system: str, model: nn.Module, peer: nn.Module | None, x: torch.Tens
         return Prepared(system, fn, model, _first_calls(fn, model, x))
     if system == "relational":
         return _prepare_relational(model, x, options or {})
+    if system == "relational_unguarded":
+        prepared = _prepare_relational(model, x, options or {})
+        return Prepared(system, _skipping_guards(prepared.fn), model, prepared.compile)
     if system == "relational_fast":
         return _prepare_relational_fast(model, x, options or {})
     raise ValueError(f"unknown system {system!r}; expected one of {SYSTEMS}")
+
+
+def _skipping_guards(fn: Callable) -> Callable:
+    """``fn`` called with Dynamo's guard evaluation skipped, but for the guards that tell its cached
+    graphs apart (the grad mode here): unsafe when the structure changes, which it does not here."""
+    def call(x):
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            return fn(x)
+    return call
 
 
 def _first_calls(fn, module: nn.Module, x: torch.Tensor, first_forward_s: float | None = None) -> dict:
