@@ -147,7 +147,7 @@ def _multiplies_with_triton(device, dtype) -> bool:
 
 
 def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, device):
-    """The sparse matrix of the product (None if empty); its values are :func:`_entry_weights`.
+    """The sparse matrix of the product (None if empty); its values are :func:`entry_weights`.
 
     Cached per packed buffer: the graph passes the same constant on every
     call, and building the sparse tensor costs as much as a small product.
@@ -165,7 +165,7 @@ def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, 
         elif index.shape[0] and triton:
             matrix = TritonCSR(offsets, index, reduce)
         elif index.shape[0]:
-            weights = _entry_weights(csr, (a, b, transpose), offsets, index, reduce, dtype)
+            weights = entry_weights(csr, (a, b, transpose), offsets, index, reduce, dtype)
             matrix = torch.sparse_csr_tensor(offsets, index, weights, (rows, columns), check_invariants=False)
         if len(_MATRICES) > 256:
             _MATRICES.clear()
@@ -173,7 +173,7 @@ def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, 
     return cached[1]
 
 
-def _entry_weights(csr: Tensor, layout: tuple, offsets: Tensor, index: Tensor, reduce: str,
+def entry_weights(csr: Tensor, layout: tuple, offsets: Tensor, index: Tensor, reduce: str,
                    dtype: torch.dtype) -> Tensor:
     """The sparse matrix's values: 1 for ``sum``; for ``mean``, 1/size of the entry's segment; for
     ``mean_adjoint`` (the transposed matrix of a ``mean``), 1/size of the segment the entry came

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .gather_reduce import ADJOINT, unpack_csr
+from .gather_reduce import ADJOINT, entry_weights, unpack_csr
 
 
 def ell_layout(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str) -> tuple[Tensor, Tensor]:
@@ -37,20 +37,11 @@ def ell_layout(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: st
     counts = offsets[1:] - offsets[:-1]
     width = int(counts.max()) if counts.numel() else 0
     segment = torch.arange(rows, device=index.device).repeat_interleave(counts, output_size=index.shape[0])
-    slot = torch.arange(index.shape[0], device=index.device) - offsets[:-1].repeat_interleave(
-        counts, output_size=index.shape[0])
+    slot = torch.arange(index.shape[0], device=index.device) - offsets[segment]   # position in its segment
     slots = torch.zeros((rows, width), dtype=torch.long, device=index.device)
     slots[segment, slot] = index
-    if reduce == "sum":
-        entry = torch.ones(index.shape[0], dtype=torch.float64, device=index.device)
-    elif reduce == "mean":
-        entry = 1 / counts[segment].double()
-    else:   # mean_adjoint: 1/size of the forward's segment the entry came from
-        back, _ = unpack_csr(csr, a, b, transpose=not transpose)
-        sizes = (back[1:] - back[:-1]).long().clamp(min=1).double()
-        entry = 1 / sizes[index]
     weights = torch.zeros((rows, width), dtype=torch.float64, device=index.device)
-    weights[segment, slot] = entry
+    weights[segment, slot] = entry_weights(csr, (a, b, transpose), offsets, index, reduce, torch.float64)
     return slots, weights
 
 
