@@ -24,8 +24,8 @@ PIPELINE = (
     ("fuse_linear", fuse_linear.run),  # linear(linear(x)) -> one linear, also through sum/mean gathers
     ("rewrite_search", rewrite_search.run),  # sequences of the rewrites above (and commute_linear), by cost
     ("linear_layout", linear_layout.run),  # tall, narrow linear -> (W x^T)^T where measured faster
-    ("cleanup", cleanup.run),        # dead code, reshape chains, lint
     ("padded_gathers", padded_gathers.run),  # gather_reduce -> padded ATen form (option gather_reduce_form)
+    ("cleanup", cleanup.run),        # dead code, reshape chains, lint
     ("recompute_gathers", recompute_gathers.run),  # edge-sized gathers: recompute in backward, not saved
 )
 

@@ -52,14 +52,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             padded = gm.graph.call_function(gather_reduce_padded, (
                 node.args[0], add_constant(gm, slots, "slots"), add_constant(gm, weights, "weights")))
         padded.meta.update(node.meta)
-        csr_node = node.args[1]
         node.replace_all_uses_with(padded)
-        gm.graph.erase_node(node)
-        _erase_if_unread(gm, csr_node)
+        gm.graph.erase_node(node)   # (its packed index, now unread, is dropped by ``cleanup``, which runs next)
         rewritten += 1
-    if rewritten:
-        gm.graph.lint()
-        gm.recompile()
     ctx.stats["padded_gathers"] = rewritten
     ctx.stats["padded_gathers_kept"] = kept
     return gm
@@ -71,7 +66,8 @@ def _padded_layout(gm: fx.GraphModule, node: fx.Node):
     transpose = node.args[4] if len(node.args) > 4 else node.kwargs.get("transpose", False)
     csr, columns, info = constant_value(gm, csr_node), rows(source), tensor_info(source)
     if csr is None or columns is None or info is None or columns == 0:
-        log.info("relational: %s keeps the CSR product: its index or source rows are not known", node.name)
+        log.info("relational: %s keeps the CSR product: its index or source rows are not known, "
+                 "or it has no source rows", node.name)
         return None
     slots, weights = ell_layout(csr, out_rows, columns, transpose, reduce)
     entries = int((weights != 0).sum())
@@ -81,11 +77,3 @@ def _padded_layout(gm: fx.GraphModule, node: fx.Node):
         return None
     return slots, weights.to(info.dtype)
 
-
-def _erase_if_unread(gm: fx.GraphModule, csr_node: fx.Node) -> None:
-    """Drop a packed index that nothing reads any more, node and buffer."""
-    if csr_node.users:
-        return
-    gm.graph.erase_node(csr_node)
-    if not any(n.op == "get_attr" and n.target == csr_node.target for n in gm.graph.nodes):
-        delattr(gm, csr_node.target)
