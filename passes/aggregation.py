@@ -1,6 +1,7 @@
 """Recognise n-ary aggregations.
 
-Rewrites into one ``aggregate(terms, reduce)`` node:
+Rewrites into one ``aggregate(terms, reduce)`` node (the tree's root node
+itself, retargeted: it keeps its name, such as ``add_17``):
 
 * trees and chains of ``+`` over values of one shape and dtype
   (``acc = acc + W @ x[u]`` in a loop), including the ``0 +`` that the
@@ -120,24 +121,29 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         else:
             continue
         assert reduce in REDUCTIONS
-        with graph.inserting_before(node):
-            # Arguments set after creation: create_node walks them looking for SymInts, slow for long lists.
-            # The name is the one fx derives from the target, given so that fx need not derive it per node.
-            agg = graph.create_node("call_function", aggregate_fn, name=_AGGREGATE_NAME)
-        agg.args = (terms, reduce)
-        agg.meta.update(node.meta)   # the new node's own (empty) dict: no attribute assignment
-        node.replace_all_uses_with(agg)
-        _erase_dead_chain(graph, node)
-        for inner in dict.fromkeys(absorbed):   # parents first: each is unused once its parent is gone
+        _become_aggregate(graph, node, terms, reduce)
+        additions.discard(node)   # no longer an addition whose operands a later sum could open up
+        for inner in dict.fromkeys(absorbed):   # parents first: each is unused once its parent no longer reads it
             _erase_dead_chain(graph, inner)
         if reduce == "sum":
-            stack_sums[agg] = terms
+            stack_sums[node] = terms
         rewritten += 1
     ctx.stats["aggregations"] = rewritten
     return gm
 
 
-_AGGREGATE_NAME = fx.Graph()._target_to_str(aggregate_fn)
+def _become_aggregate(graph: fx.Graph, node: fx.Node, terms: list, reduce: str) -> None:
+    """Turn the root ``node`` itself into ``aggregate(terms, reduce)``: its users, position and meta
+    stay, which spares creating a node (and a unique name), rewiring its users and erasing it.
+    The ``torch.stack`` it reduced is erased once unused."""
+    stacks = [a for a in node.all_input_nodes if a.target is torch.stack]
+    node.op, node.target = "call_function", aggregate_fn
+    node.args = (terms, reduce)
+    if node.kwargs:
+        node.kwargs = {}
+    for stack in stacks:
+        if not stack.users:
+            graph.erase_node(stack)
 
 
 def _candidates(graph: fx.Graph, targets) -> list[fx.Node]:

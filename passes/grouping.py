@@ -10,7 +10,8 @@ key, when the weights are gathered instead.
 
 Two schedules (ASAP levels and DyNet's agenda), each with and without the
 code-site hint (the user's source line as part of the signature), are
-computed; the one with the fewest groups wins. Members of a group are
+computed; the one with the fewest groups wins. Where the hint splits no
+signature, the schedules without it would be the same and are not run. Members of a group are
 pairwise independent by construction of both schedules, which makes
 vectorizing them legal. The result is ``ctx.groups``, in execution order.
 """
@@ -99,14 +100,17 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     depth = schedule.asap_depths(preds)
 
     candidates = []
-    hints = (True, False) if opts.code_site_hint else (False,)
+    site_keys = _with_code_sites(keys, units) if opts.code_site_hint else None
+    # The site-refined keys split each signature into one or more; where they split none (as many
+    # distinct values), they are the same partition and every schedule without them is the same.
+    hints = (False,) if site_keys is None else (True,) if len(set(site_keys)) == len(set(keys)) else (True, False)
     algorithms = {"asap": schedule.asap, "agenda": schedule.agenda}
     names = ["asap", "agenda"] if opts.scheduler == "auto" else [opts.scheduler]
     # No schedule has fewer groups than signatures (plus ungroupable nodes) or than the longest path:
     # once a candidate reaches that, the later ones cannot win the min below.
     floor = max(max(depth, default=-1) + 1, len(set(k for k in keys if k is not None)) + keys.count(None))
     for hint in hints:
-        sigs = keys if not hint else _with_code_sites(keys, units)
+        sigs = site_keys if hint else keys
         for name in names:
             groups = algorithms[name](preds, sigs, depth)
             candidates.append((len(groups), len(candidates), f"{name}{'+site' if hint else ''}", groups))

@@ -118,3 +118,12 @@ def test_gradient_check_arbitrates_with_float64(monkeypatch, scale, passes):
     result = harness.check(system, x, expected * scale, grads)
     assert result["grad_max_rel_diff"] > 0 and "float64_rel_diff" in result
     assert result["passed"] is passes
+
+
+def test_compile_scale_reports_the_grouping_of_a_small_batch():
+    from benchmarks import compile_scale
+
+    row = compile_scale.measure(2, inductor=False, repeats=2)
+    assert row["repeats"] == 2 and row["nodes_before"] > 10 * row["nodes_after"]
+    assert row["passes_s"] > 0 and row["trace_s"] > 0 and row["peak_added_mb"] >= 0
+    assert row["max_abs_diff"] < 1e-5
