@@ -9,6 +9,10 @@ relational         the scalar model under ``torch.compile(backend="relational")`
 relational_unguarded  the same, each timed call under
                    ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``: Dynamo
                    skips the guards on the model's Python structure (docs/guards.md) [capped]
+relational_filtered  ``torch.compile(backend="relational")`` with the guard filter
+                   ``torch.compiler.skip_guard_on_all_nn_modules_unsafe``: no guards
+                   on the modules' attributes (the structure), those on the inputs
+                   and the grad mode kept (docs/guards.md)                       [capped]
 relational_fast    the scalar model through ``dynamo_relational.compile`` (the fast
                    front-end), when the installed package has it
 pyg                the PyTorch Geometric peer with the same weights, eager
@@ -43,9 +47,10 @@ from typing import Callable
 import torch
 from torch import nn
 
-SYSTEMS = ("eager", "inductor", "relational", "relational_unguarded", "relational_fast", "pyg", "pyg_compile")
+SYSTEMS = ("eager", "inductor", "relational", "relational_unguarded", "relational_filtered", "relational_fast", "pyg",
+           "pyg_compile")
 #: systems that TorchDynamo traces on the scalar model: run in a child process under the compile cap
-CAPPED = ("inductor", "relational", "relational_unguarded")
+CAPPED = ("inductor", "relational", "relational_unguarded", "relational_filtered")
 #: systems that need a PyG peer
 NEEDS_PEER = ("pyg", "pyg_compile")
 
@@ -94,6 +99,10 @@ def prepare(system: str, model: nn.Module, peer: nn.Module | None, x: torch.Tens
     if system == "relational_unguarded":
         prepared = _prepare_relational(model, x, options or {})
         return Prepared(system, _skipping_guards(prepared.fn), model, prepared.compile)
+    if system == "relational_filtered":
+        prepared = _prepare_relational(model, x, options or {},
+                                       guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe)
+        return Prepared(system, prepared.fn, model, prepared.compile)
     if system == "relational_fast":
         return _prepare_relational_fast(model, x, options or {})
     raise ValueError(f"unknown system {system!r}; expected one of {SYSTEMS}")
@@ -149,12 +158,13 @@ def _split(times: dict, pass_timings: dict[str, float], traced_s: float) -> dict
     return times
 
 
-def _prepare_relational(model: nn.Module, x: torch.Tensor, options: dict) -> Prepared:
+def _prepare_relational(model: nn.Module, x: torch.Tensor, options: dict,
+                        guard_filter_fn: Callable | None = None) -> Prepared:
     """``torch.compile(model, backend="relational")`` via ``dynamo_relational.explain``, which
     keeps the per-pass timings of every graph it compiles (the gradient and the no-grad graph)."""
     import dynamo_relational
 
-    report = dynamo_relational.explain(model, x, **options)
+    report = dynamo_relational.explain(model, x, guard_filter_fn=guard_filter_fn, **options)
     training_graphs = list(report.graphs)   # the no-grad call below appends its graphs to the report
     times = _first_calls(report.compiled, model, x, first_forward_s=report.compile_seconds)
     times = _split(times, report.pass_timings, times["first_forward"] + times["first_inference"])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -11,13 +11,16 @@ from .options import Options
 from .report import Report
 
 
-def explain(model: torch.nn.Module | Any, *inputs: Any, **options: Any) -> Report:
+def explain(model: torch.nn.Module | Any, *inputs: Any, guard_filter_fn: Callable | None = None,
+            **options: Any) -> Report:
     """Compile ``model`` with ``backend="relational"``, run it once on ``inputs`` and report.
 
     The report has ``nodes_before``/``nodes_after`` (FX nodes summed over the
     graphs Dynamo produced), ``groups``, ``lower_bound``, ``pass_timings`` and
     ``print_before()``/``print_after()``; ``print(report)`` shows a table.
-    Keyword arguments are backend options (see :class:`Options`).
+    Keyword arguments are backend options (see :class:`Options`), except
+    ``guard_filter_fn``, which goes to ``torch.compile`` as it does there
+    (which of Dynamo's guards to keep; docs/guards.md).
     """
     opts = Options.from_mapping(options)
     graphs = []
@@ -27,7 +30,8 @@ def explain(model: torch.nn.Module | Any, *inputs: Any, **options: Any) -> Repor
         graphs.append(compiled.report)
         return compiled.fn
 
-    compiled_model = torch.compile(model, backend=backend)
+    dynamo_options = {"guard_filter_fn": guard_filter_fn} if guard_filter_fn is not None else None
+    compiled_model = torch.compile(model, backend=backend, options=dynamo_options)
     start = time.perf_counter()
     compiled_model(*inputs)
     return Report(graphs, compile_seconds=time.perf_counter() - start, compiled=compiled_model)

@@ -26,7 +26,7 @@ def test_pyg_peer_equals_scalar_model(model):
 
 
 def test_tiny_run_writes_results(tmp_path):
-    systems = ["eager", "relational", "relational_unguarded", "relational_fast", "pyg"]
+    systems = ["eager", "relational", "relational_unguarded", "relational_filtered", "relational_fast", "pyg"]
     results = run.main(["--workloads", "gcn/mutagenesis[2]", "--systems", ",".join(systems), "--runs", "2",
                         "--warmup", "1", "--options", '{"inductor": false}', "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -127,3 +127,12 @@ def test_compile_scale_reports_the_grouping_of_a_small_batch():
     assert row["repeats"] == 2 and row["nodes_before"] > 10 * row["nodes_after"]
     assert row["passes_s"] > 0 and row["trace_s"] > 0 and row["peak_added_mb"] >= 0
     assert row["max_abs_diff"] < 1e-5
+
+
+def test_guard_benchmark_measures_every_call_path():
+    from benchmarks import guards
+
+    row = guards.measure(2)
+    assert row["neurons"] > 0
+    for key in ("whole_ms", "graph_ms", "unsafe_ms", "filtered_ms", "frontend_ms"):
+        assert row[key] > 0, key

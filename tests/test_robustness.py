@@ -79,6 +79,34 @@ def test_past_the_recompile_limit_the_model_runs_eagerly_and_stays_right():
     assert len(compiles) == 2
 
 
+def test_the_guard_filter_drops_the_structure_guards_and_keeps_the_input_guards():
+    """``options={"guard_filter_fn": skip_guard_on_all_nn_modules_unsafe}`` (docs/guards.md): the grad
+    mode and the inputs' dtypes still pick or make the right graph, but a rewired structure is not
+    noticed (the unsafety the name warns of), so the old structure's result comes back."""
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
+    model = ScalarGCN(batch, 7).double()
+    compiled = _compile(model, inductor=False,
+                        guard_filter_fn=torch.compiler.skip_guard_on_all_nn_modules_unsafe)
+    out = compiled(batch.x)
+    torch.testing.assert_close(out, model(batch.x))
+    grads = torch.autograd.grad(out.sum(), list(model.parameters()))
+    expected = torch.autograd.grad(model(batch.x).sum(), list(model.parameters()))
+    torch.testing.assert_close(grads, expected)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(batch.x), model(batch.x))
+    assert compiled(batch.x).requires_grad   # the grad-mode guard still tells the two graphs apart
+    model.float()
+    x32 = batch.x.float()
+    torch.testing.assert_close(compiled(x32), model(x32))   # the input's dtype guard: a new graph
+    model.double()
+    before = model(batch.x)
+    target = next(v for v, nbrs in enumerate(model.in_nbrs) if nbrs)
+    model.in_nbrs[target] = model.in_nbrs[target][1:] + [0]
+    assert not torch.allclose(model(batch.x), before)
+    torch.testing.assert_close(compiled(batch.x), before)   # stale: the structure's guards were dropped
+
+
 def test_new_input_values_reuse_the_compiled_graph():
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
