@@ -123,8 +123,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         assert reduce in REDUCTIONS
         _become_aggregate(graph, node, terms, reduce)
         additions.discard(node)   # no longer an addition whose operands a later sum could open up
-        for inner in dict.fromkeys(absorbed):   # parents first: each is unused once its parent no longer reads it
-            _erase_dead_chain(graph, inner)
+        # Parents first: each is unused once its parent no longer reads it. (An absorbed node reads no
+        # stack of its own: an absorbed stack sum is an aggregate already, its stack erased with it.)
+        for inner in dict.fromkeys(absorbed):
+            if not inner.users:
+                graph.erase_node(inner)
         if reduce == "sum":
             stack_sums[node] = terms
         rewritten += 1
@@ -189,14 +192,3 @@ def _sum_terms(root: fx.Node, additions: set, stack_sums: dict, info, absorbed: 
             else:
                 pending.append((a,))
     return terms
-
-
-def _erase_dead_chain(graph: fx.Graph, node: fx.Node) -> None:
-    """Erase ``node`` and the ``torch.stack`` that fed only it."""
-    if node.users or node.op not in ("call_function", "call_method"):
-        return
-    stacks = [a for a in node.all_input_nodes if a.target is torch.stack]
-    graph.erase_node(node)
-    for stack in stacks:
-        if not stack.users:
-            graph.erase_node(stack)

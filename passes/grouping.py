@@ -11,9 +11,9 @@ key, when the weights are gathered instead.
 Two schedules (ASAP levels and DyNet's agenda), each with and without the
 code-site hint (the user's source line as part of the signature), are
 computed; the one with the fewest groups wins. Where the hint splits no
-signature, the schedules without it would be the same and are not run. Members of a group are
-pairwise independent by construction of both schedules, which makes
-vectorizing them legal. The result is ``ctx.groups``, in execution order.
+signature, the schedules without it would be the same and are not run.
+Members of a group are pairwise independent by construction of both
+schedules, which makes vectorizing them legal. The result is ``ctx.groups``, in execution order.
 """
 from __future__ import annotations
 

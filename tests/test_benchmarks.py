@@ -50,9 +50,11 @@ def test_tiny_run_writes_results(tmp_path):
 
     md = (tmp_path / "results.md").read_text()
     table, targets = md.split("## Issue 3 targets")
-    for system in ("eager (scalar)", "relational", "relational, guards skipped", "relational (fast front-end)", "PyG"):
+    for system in ("eager (scalar)", "relational", "relational, guards skipped",
+                   "relational, structure guards filtered", "relational (fast front-end)", "PyG"):
         assert f"| gcn/mutagenesis[2] | {system} | " in table
-    for system in ("relational, guards skipped", "relational (fast front-end)"):
+    for system in ("relational, guards skipped", "relational, structure guards filtered",
+                   "relational (fast front-end)"):
         assert f"| gcn/mutagenesis[2] | {system} | " in targets
 
 
