@@ -167,6 +167,8 @@ def _choices(stats: dict[str, Any]) -> list[tuple[str, str]]:
                                        f"stopped: {search['stopped_by']}"))
         rows += [(f"  step {i}: {step['rewrite']}", f"at {step['at']} (estimated {step['estimate_us']:.3g} us)")
                  for i, step in enumerate(search["path"], 1)]
+    if stats.get("fold_bias"):
+        rows.append(("biases folded into linear", stats["fold_bias"]))
     if "padded_gathers" in stats:
         rows.append(("gather-reduce form", f"padded: {stats['padded_gathers']} node(s); "
                                            f"{stats['padded_gathers_kept']} kept the CSR product (too much padding)"))

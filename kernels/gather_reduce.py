@@ -270,9 +270,10 @@ class _Plan:
     """One product ``out = A @ source`` (or gather ``source[index]``) with ``A`` prepared once, and its transpose.
 
     The eager forms below run a grouped graph's products as plain ATen calls
-    under one ``torch.autograd.Function`` each: the custom ops' Python
-    dispatch and autograd wrapper cost tens of microseconds per call, as much
-    as a product itself on Mutagenesis-sized graphs.
+    under one ``torch.autograd.Function`` each, or, when no gradient is
+    recorded, without it: the custom ops' Python dispatch and autograd
+    wrapper cost tens of microseconds per call, as much as a product itself
+    on Mutagenesis-sized graphs.
     """
     __slots__ = ("matrix", "index", "rows", "transpose")
 
@@ -327,7 +328,7 @@ def _plan(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dt
 def gather_reduce_eager(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
     """:data:`gather_reduce`, computed the same way, with less per-call overhead (see :class:`_Plan`)."""
     _check(source, csr, reduce)
-    return _Product.apply(source, _plan(csr, rows, source.shape[0], transpose, reduce, source.dtype, source.device))
+    return _apply(source, _plan(csr, rows, source.shape[0], transpose, reduce, source.dtype, source.device))
 
 
 def gather_rows_eager(source: Tensor, csr: Tensor) -> Tensor:
@@ -335,7 +336,15 @@ def gather_rows_eager(source: Tensor, csr: Tensor) -> Tensor:
     if source.dim() == 0:
         raise ValueError("gather_rows: source must have rows, got a 0-d tensor")
     rows, columns = _gather_rows_dims(source, csr)
-    return _Product.apply(source, _plan(csr, rows, columns, False, "sum", source.dtype, source.device, gather=True))
+    return _apply(source, _plan(csr, rows, columns, False, "sum", source.dtype, source.device, gather=True))
+
+
+def _apply(source: Tensor, plan: _Plan) -> Tensor:
+    """``plan`` applied to ``source``, through the autograd function only when a gradient is recorded
+    (its ``apply`` costs as much as a small product; inference calls skip it)."""
+    if torch.is_grad_enabled() and source.requires_grad:
+        return _Product.apply(source, plan)
+    return plan.apply(source)
 
 
 #: the custom ops of this module -> their eager forms (``dynamo_relational.backend.aten_executor``)

@@ -4,8 +4,8 @@ Each pass is one module with ``run(graph_module, ctx) -> graph_module``.
 The first five build the vectorized graph; the rest optimize it and can be
 switched off one by one with ``options={"disable": ("name", ...)}``.
 """
-from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, fuse_linear, grouping,
-               inplace, linear_layout, padded_gathers, postpone_gathers, recompute_gathers, rewrite_search,
+from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, fold_bias, fuse_linear,
+               grouping, inplace, linear_layout, padded_gathers, postpone_gathers, recompute_gathers, rewrite_search,
                simplify_gathers, vectorize)
 from .context import PassContext
 
@@ -23,6 +23,7 @@ PIPELINE = (
     ("absorb_gathers", absorb_gathers.run),  # f(reduce(z))[I] -> f(reduce over segments I of z)
     ("fuse_linear", fuse_linear.run),  # linear(linear(x)) -> one linear, also through sum/mean gathers
     ("rewrite_search", rewrite_search.run),  # sequences of the rewrites above (and commute_linear), by cost
+    ("fold_bias", fold_bias.run),    # add(linear(x, W), b) -> linear(x, W, b)
     ("linear_layout", linear_layout.run),  # tall, narrow linear -> (W x^T)^T where measured faster
     ("padded_gathers", padded_gathers.run),  # gather_reduce -> padded ATen form (option gather_reduce_form)
     ("cleanup", cleanup.run),        # dead code, reshape chains, lint
@@ -31,6 +32,6 @@ PIPELINE = (
 
 #: the optimizer passes that ``options["disable"]`` may name
 OPTIONAL_PASSES = ("compress_values", "postpone_gathers", "compose_gathers", "simplify_gathers", "absorb_gathers",
-                   "fuse_linear", "rewrite_search", "linear_layout", "padded_gathers", "recompute_gathers")
+                   "fuse_linear", "rewrite_search", "fold_bias", "linear_layout", "padded_gathers", "recompute_gathers")
 
 __all__ = ["PIPELINE", "OPTIONAL_PASSES", "PassContext"]

@@ -58,6 +58,17 @@ def test_tiny_run_writes_results(tmp_path):
         assert f"| gcn/mutagenesis[2] | {system} | " in targets
 
 
+def test_a_capped_system_is_compared_with_compiled_pyg_in_its_child_when_asked(tmp_path):
+    results = run.main(["--workloads", "gcn/mutagenesis[2]", "--systems", "relational_filtered,pyg,pyg_compile",
+                        "--runs", "2", "--warmup", "1", "--options", '{"inductor": false}', "--out", str(tmp_path)])
+    entry = results["workloads"][0]["systems"]["relational_filtered"]
+    assert entry["status"] == "ok" and set(entry["vs"]) == {"pyg", "pyg_compile"}
+    assert set(entry["child_references"]) == {"pyg", "pyg_compile"}
+    targets = (tmp_path / "results.md").read_text().split("## Issue 3 targets")[1]
+    row = next(line for line in targets.splitlines() if "structure guards filtered" in line)
+    assert "—" not in row   # every target has its ratio
+
+
 def test_session_without_peer_compares_with_eager():
     result = run_session(Workload.parse("tree_lstm/2x8"), ["eager", "relational_fast"], runs=2, warmup=1,
                          options={"inductor": False})

@@ -1,5 +1,7 @@
 """The eager forms of the gather kernels (what the ATen executor runs) equal the custom ops:
 outputs, gradients and gradients of gradients, for sums, means, transposes and gathers."""
+import importlib
+
 import pytest
 import torch
 
@@ -51,6 +53,29 @@ def test_gather_rows_eager_equals_op():
     got = _grads(lambda s: gather_rows_eager(s, csr), source, weights)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("form", ["gather_reduce", "gather_rows"])
+def test_eager_forms_use_the_autograd_function_only_when_a_gradient_is_recorded(form, monkeypatch):
+    """Inference calls skip the autograd function (it costs as much as a small product per call);
+    the values are the op's either way."""
+    calls = []
+    function = importlib.import_module("dynamo_relational.kernels.gather_reduce")._Product
+    apply = function.apply
+    monkeypatch.setattr(function, "apply", lambda *args: calls.append(1) or apply(*args))
+    csr = pack_csr(torch.arange(6), torch.tensor([3, 0, 3, 5, 1]), 6) if form == "gather_rows" else _csr(7, 6)
+    eager = {"gather_reduce": lambda s: gather_reduce_eager(s, csr, 7, "mean"),
+             "gather_rows": lambda s: gather_rows_eager(s, csr)}[form]
+    op = {"gather_reduce": lambda s: gather_reduce(s, csr, 7, "mean"), "gather_rows": lambda s: gather_rows(s, csr)}[form]
+    source = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        inference = eager(source)
+    constant = eager(source.detach())
+    assert not calls
+    recorded = eager(source)
+    assert calls == [1] and recorded.grad_fn is not None
+    for out in (inference, constant, recorded):
+        torch.testing.assert_close(out, op(source.detach()))
 
 
 def test_eager_forms_reject_bad_input_as_the_ops_do():

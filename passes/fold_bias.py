@@ -1,0 +1,75 @@
+"""Fold a bias into its linear map: ``add(linear(x, W), b)`` -> ``linear(x, W, b)``.
+
+Models often add a layer's bias after the aggregation (``acc + self.bias``,
+``tanh(sum(msgs) + b)``). Once the aggregation has commuted with the linear map
+(``commute_linear``), the grouped graph multiplies, then adds the bias in a
+second pass over the ``[rows, features]`` result. BLAS's ``addmm`` starts from
+the bias and accumulates the product into it, so the add disappears: one read
+and one write of the result, and its allocation. ``linear_layout`` keeps the
+bias in its transposed form too (``addmm(b[:, None], W, x^T)``).
+
+Legal when the ``linear`` has no bias and no other user (its value
+disappears), the add has no ``alpha`` and ``b`` is a 1-D tensor of the
+linear's output width with the result's dtype and device, so that
+broadcasting adds it to every row, as ``linear``'s bias is. Results differ
+from eager only by rounding (the bias enters the sum first); the gradients
+are the same maps (the bias's is the row sum of the output's).
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from dynamo_relational.ops import tensor_info
+
+from .context import PassContext
+
+_ADD = (torch.add, operator.add)
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    folded = 0
+    for node in list(gm.graph.nodes):
+        match = _match(node)
+        if match is None:
+            continue
+        linear, bias = match
+        with gm.graph.inserting_before(node):
+            fused = gm.graph.call_function(F.linear, (*linear.args[:2], bias))
+        fused.meta.update(node.meta)
+        node.replace_all_uses_with(fused)
+        gm.graph.erase_node(node)
+        gm.graph.erase_node(linear)
+        folded += 1
+    ctx.stats["fold_bias"] = folded
+    return gm
+
+
+def _match(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``(linear, bias)`` of an ``add`` that the module docstring's conditions allow folding, else None."""
+    is_add = (node.op == "call_function" and node.target in _ADD) or (node.op == "call_method" and node.target == "add")
+    if not is_add or len(node.args) != 2 or node.kwargs:
+        return None
+    for linear, bias in (node.args, reversed(node.args)):
+        if _bias_free_linear(linear) and isinstance(bias, fx.Node) and _fits(bias, linear, node):
+            return linear, bias
+    return None
+
+
+def _bias_free_linear(node) -> bool:
+    """``linear(x, W)`` (or with ``bias=None``, as Dynamo records it) whose only user is the add."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.linear):
+        return False
+    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
+    return len(node.args) >= 2 and bias is None and set(node.kwargs) <= {"bias"} and len(node.users) == 1
+
+
+def _fits(bias: fx.Node, linear: fx.Node, add: fx.Node) -> bool:
+    """Whether ``bias`` is a bias for ``linear``: one entry per output feature, of its dtype and
+    device, and the add's result is the linear's (``TensorInfo``s are interned: ``is`` compares them)."""
+    b, out = tensor_info(bias), tensor_info(linear)
+    return (b is not None and out is not None and out.rank >= 1 and tensor_info(add) is out
+            and b.shape == (out.shape[-1],) and b.dtype == out.dtype and b.device == out.device)
