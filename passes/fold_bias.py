@@ -54,7 +54,8 @@ def _match(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     if not is_add or len(node.args) != 2 or node.kwargs:
         return None
     for linear, bias in (node.args, reversed(node.args)):
-        if _bias_free_linear(linear) and isinstance(bias, fx.Node) and _fits(bias, linear, node):
+        # (``linear + linear`` has the linear as its own bias: not one to fold)
+        if _bias_free_linear(linear) and isinstance(bias, fx.Node) and bias is not linear and _fits(bias, linear, node):
             return linear, bias
     return None
 

@@ -3,9 +3,12 @@ entry per output feature) and the linear has no other reader; elsewhere the add 
 models equal eager, outputs and gradients, either way."""
 import pytest
 import torch
+import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
 
+from dynamo_relational.options import Options
+from dynamo_relational.passes import PassContext, fold_bias
 from examples.data import graph_batch
 from examples.styles import AccumulatorGCN
 from tests.conftest import assert_compiled_matches_eager
@@ -80,3 +83,41 @@ def test_disabled_it_leaves_the_add():
     report = assert_compiled_matches_eager(BiasAfterProduct().double(), torch.randn(12, 5, dtype=torch.float64),
                                            inductor=False, disable=("fold_bias",))
     assert _fold_count(report) == 0 and _adds(report) == 1
+
+
+class _Recorder(fx.Interpreter):
+    """Runs a traced graph and records each node's value in its meta, as Dynamo's graphs carry them."""
+
+    def run_node(self, node):
+        node.meta["val"] = value = super().run_node(node)
+        return value
+
+
+def _folded(fn, *inputs):
+    """``fn`` traced, run once to record values, then passed through fold_bias: (graph module, folds)."""
+    gm = fx.symbolic_trace(fn)
+    _Recorder(gm).run(*inputs)
+    ctx = PassContext(Options())
+    gm = fold_bias.run(gm, ctx)
+    gm.graph.lint()
+    gm.recompile()
+    return gm, ctx.stats["fold_bias"]
+
+
+def test_on_a_graph_the_add_of_a_bias_folds_and_the_add_of_the_product_to_itself_does_not():
+    x, w, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64), torch.randn(4)
+    gm, folds = _folded(lambda x, w, b: torch.add(F.linear(x, w), b), x, w, b.double())
+    assert folds == 1
+    torch.testing.assert_close(gm(x, w, b.double()), F.linear(x, w) + b.double())
+    # a 1-D product has the bias's shape, and is the other operand: folding it would read itself
+    gm, folds = _folded(_self_sum, x[0], w)
+    assert folds == 0
+    torch.testing.assert_close(gm(x[0], w), 2 * F.linear(x[0], w))
+    # a bias of another dtype promotes the sum: the linear's own dtype would be wrong
+    gm, folds = _folded(lambda x, w, b: F.linear(x, w) + b, x.float(), w.float(), b.double())
+    assert folds == 0
+
+
+def _self_sum(x, w):
+    h = F.linear(x, w)
+    return h + h
