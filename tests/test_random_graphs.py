@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from tests.conftest import assert_compiled_matches_eager
 
 EXAMPLES = int(os.environ.get("RELATIONAL_FUZZ_EXAMPLES", "8"))
-VECTOR_OPS = ["add", "mul", "relu", "sigmoid", "tanh", "matvec", "sum", "amax", "mean", "scale", "offset"]
+VECTOR_OPS = ["add", "mul", "relu", "sigmoid", "tanh", "matvec", "affine", "sum", "amax", "mean", "scale", "offset"]
 
 
 class RandomScalarNet(torch.nn.Module):
@@ -21,6 +21,7 @@ class RandomScalarNet(torch.nn.Module):
         self.rows = rows
         self.W = torch.nn.Parameter(torch.randn(width, width, dtype=dtype) / width ** 0.5)
         self.w = torch.nn.Parameter(torch.randn(rows, dtype=dtype))
+        self.b = torch.nn.Parameter(torch.randn(width, dtype=dtype))
 
     def forward(self, x):
         values = [x[i] for i in range(self.rows)]
@@ -35,6 +36,8 @@ class RandomScalarNet(torch.nn.Module):
                 v = getattr(torch, op)(a)
             elif op == "matvec":
                 v = self.W @ a
+            elif op == "affine":    # a bias added after the product (passes/fold_bias.py)
+                v = self.W @ a + self.b
             elif op == "sum":
                 v = sum(values[p % len(values)] for p in picks)
             elif op in ("amax", "mean"):
