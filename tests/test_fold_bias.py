@@ -105,16 +105,16 @@ def _folded(fn, *inputs):
 
 
 def test_on_a_graph_the_add_of_a_bias_folds_and_the_add_of_the_product_to_itself_does_not():
-    x, w, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64), torch.randn(4)
-    gm, folds = _folded(lambda x, w, b: torch.add(F.linear(x, w), b), x, w, b.double())
+    x, w, b = (torch.randn(*shape, dtype=torch.float64) for shape in ((3, 4), (4, 4), (4,)))
+    gm, folds = _folded(lambda x, w, b: torch.add(F.linear(x, w), b), x, w, b)
     assert folds == 1
-    torch.testing.assert_close(gm(x, w, b.double()), F.linear(x, w) + b.double())
+    torch.testing.assert_close(gm(x, w, b), F.linear(x, w) + b)
     # a 1-D product has the bias's shape, and is the other operand: folding it would read itself
     gm, folds = _folded(_self_sum, x[0], w)
     assert folds == 0
     torch.testing.assert_close(gm(x[0], w), 2 * F.linear(x[0], w))
-    # a bias of another dtype promotes the sum: the linear's own dtype would be wrong
-    gm, folds = _folded(lambda x, w, b: F.linear(x, w) + b, x.float(), w.float(), b.double())
+    # a float64 bias promotes the sum of a float32 product: the linear's own dtype would be wrong
+    gm, folds = _folded(lambda x, w, b: F.linear(x, w) + b, x.float(), w.float(), b)
     assert folds == 0
 
 
