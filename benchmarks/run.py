@@ -95,7 +95,7 @@ def measure_workload(workload: Workload, systems: list[str], args: argparse.Name
     for entry in session["systems"].values():
         entry["session"] = "main"
     # the child times its capped system against PyG (and PyG compiled, when asked for) or eager
-    references = [s for s in ("pyg", "pyg_compile") if s == "pyg" or s in systems] if workload.has_peer else ["eager"]
+    references = (["pyg"] + (["pyg_compile"] if "pyg_compile" in systems else [])) if workload.has_peer else ["eager"]
     for system in (s for s in systems if s in CAPPED):
         status(f"{workload.name}: {system} (child, cap {args.cap:g} s)")
         child = run_capped(workload, system, references, runs=args.runs,
