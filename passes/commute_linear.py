@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .gather_nodes import as_gather
+from .linear_nodes import LinearArgs, linear_args
 
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 
@@ -38,8 +39,8 @@ def sites(gm: fx.GraphModule) -> list[tuple[fx.Node, ...]]:
     found = []
     for node in gm.graph.nodes:
         linear = _bias_free_linear(node, bias_ok=True)
-        if linear is not None and _reduction(gm, node.args[0]):
-            found.append((node, node.args[0]))
+        if linear is not None and _reduction(gm, linear.x):
+            found.append((node, linear.x))
         if _reduction(gm, node) and _bias_free_linear(node.args[0], bias_ok=False) is not None \
                 and len(node.args[0].users) == 1:
             found.append((node, node.args[0]))
@@ -69,18 +70,13 @@ def apply(gm: fx.GraphModule, first: fx.Node, second: fx.Node) -> bool:
     return True
 
 
-def _bias_free_linear(node, bias_ok: bool) -> tuple[fx.Node, fx.Node, fx.Node | None] | None:
+def _bias_free_linear(node, bias_ok: bool) -> LinearArgs | None:
     """``(x, W, b)`` of ``linear`` on 2-D rows (without a bias unless ``bias_ok``), else None."""
-    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.linear) \
-            or set(node.kwargs) - {"bias"}:
+    linear = linear_args(node)
+    if linear is None or (linear.bias is not None and not bias_ok) or not linear.on_rows():
         return None
-    x, weight, bias = (*node.args, node.kwargs.get("bias"))[:3] if len(node.args) == 2 else node.args
-    if bias is not None and not bias_ok:
-        return None
-    infos = [tensor_info(x), tensor_info(weight), tensor_info(node)]
-    if any(i is None or i.rank != 2 for i in infos):
-        return None
-    return x, weight, bias
+    out = tensor_info(node)
+    return linear if out is not None and out.rank == 2 else None
 
 
 def _reduction(gm: fx.GraphModule, node) -> bool:

@@ -42,6 +42,7 @@ from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 
 from .context import PassContext
 from .gather_nodes import add_constant, as_gather, constant_value, rows as rows_of, set_rows_info, set_source
+from .linear_nodes import linear_args
 
 #: compress a node only when its distinct rows are at most this share of its rows
 RATIO = 0.75
@@ -294,11 +295,12 @@ def _product_ids(node: fx.Node, of, numbering: _Numbering) -> torch.Tensor | Non
         rows = numbering.intern(("batched product", _target_key(target)), torch.stack(columns, 1))
         return _cells(numbering, rows, shape)
     if target in _LINEAR:
-        x, w = args[0], args[1] if len(args) > 1 else node.kwargs.get("weight")
-        bias = args[2] if len(args) > 2 else node.kwargs.get("bias")
+        linear = linear_args(node)
+        if linear is None:
+            return None
+        x, w, addend = linear
         x_ids, w_ids = of(x), of(w)
         w_ids = None if w_ids is None or w_ids.dim() != 2 else w_ids.t()
-        addend = bias
     elif target is torch.addmm:
         if node.kwargs:
             return None
@@ -415,8 +417,13 @@ def _row_aligned_operands(node: fx.Node, info) -> list[fx.Node] | None:
             return None
         return list(dict.fromkeys(aligned))
     if target in _LINEAR or target in _MATMUL:
-        x = node.args[0]
-        rest = [*node.args[1:], *node.kwargs.values()]
+        linear = linear_args(node)
+        if linear is not None:
+            x, rest = linear.x, [linear.weight, linear.bias]
+        elif target in _MATMUL and node.args:
+            x, rest = node.args[0], [*node.args[1:], *node.kwargs.values()]
+        else:
+            return None
         x_info = tensor_info(x)
         if x_info is None or x_info.rank != 2 or info.rank != 2 or x in rest:
             return None

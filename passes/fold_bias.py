@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from dynamo_relational.ops import tensor_info
 
 from .context import PassContext
+from .linear_nodes import linear_args
 
 _ADD = (torch.add, operator.add)
 
@@ -38,7 +39,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             continue
         linear, bias = match
         with gm.graph.inserting_before(node):
-            fused = gm.graph.call_function(F.linear, (*linear.args[:2], bias))
+            x, weight, _ = linear_args(linear)
+            fused = gm.graph.call_function(F.linear, (x, weight, bias))
         fused.meta.update(node.meta)
         node.replace_all_uses_with(fused)
         gm.graph.erase_node(node)
@@ -62,10 +64,8 @@ def _match(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
 
 def _bias_free_linear(node) -> bool:
     """``linear(x, W)`` (or with ``bias=None``, as Dynamo records it) whose only user is the add."""
-    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.linear):
-        return False
-    bias = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-    return len(node.args) >= 2 and bias is None and set(node.kwargs) <= {"bias"} and len(node.users) == 1
+    linear = linear_args(node)
+    return linear is not None and linear.bias is None and len(node.users) == 1
 
 
 def _fits(bias: fx.Node, linear: fx.Node, add: fx.Node) -> bool:

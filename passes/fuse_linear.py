@@ -37,6 +37,7 @@ from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
 from .gather_nodes import as_gather
+from .linear_nodes import linear_args
 
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 
@@ -77,25 +78,11 @@ def apply(gm: fx.GraphModule, outer: fx.Node) -> bool:
     return True
 
 
-def _linear(node) -> tuple[fx.Node, fx.Node, fx.Node | None] | None:
-    """``(x, W, b)`` of a ``linear`` on 2-D rows with a 2-D weight, else None."""
-    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target is not F.linear:
-        return None
-    args = list(node.args) + [node.kwargs.get("bias")] if len(node.args) == 2 else list(node.args)
-    if len(args) != 3 or node.kwargs.keys() - {"bias"}:
-        return None
-    x, weight, bias = args
-    infos = [tensor_info(x), tensor_info(weight)]
-    if any(i is None or i.rank != 2 for i in infos):
-        return None
-    return x, weight, bias
-
-
 def _fusion(gm: fx.GraphModule, outer: fx.Node) -> dict | None:
     """How to fuse ``outer`` with the linear before it, where legal (None where not), with the
     estimates of both forms and the choice between them in ``record``."""
-    outer_linear = _linear(outer)
-    if outer_linear is None:
+    outer_linear = linear_args(outer)
+    if outer_linear is None or not outer_linear.on_rows():
         return None
     inner, w2, b2 = outer_linear
     chain, reductions = [], []   # the sum/mean gathers between the two linears, last first
@@ -107,8 +94,9 @@ def _fusion(gm: fx.GraphModule, outer: fx.Node) -> dict | None:
         chain.append(inner)
         reductions.append((gather.index.shape[0], tensor_info(inner).shape[0]))
         inner = inner.args[0]
-    inner_linear = _linear(inner)
-    if inner_linear is None or len(inner.users) != 1 or any(a is inner for a in (w2, b2)):
+    inner_linear = linear_args(inner)
+    if inner_linear is None or not inner_linear.on_rows() or len(inner.users) != 1 \
+            or any(a is inner for a in (w2, b2)):
         return None
     x, w1, b1 = inner_linear
     if chain and b1 is not None:

@@ -38,6 +38,7 @@ from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import ELEMENTWISE
 
 from .context import PassContext
+from .linear_nodes import linear_args
 
 #: the transposed form must save at least this fraction of the plain form's time
 MARGIN = 0.1
@@ -59,7 +60,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         shapes = _candidate(node)
         if shapes is None:
             continue
-        x, weight, bias = (list(node.args) + [node.kwargs.get("bias")])[:3]
+        x, weight, bias = linear_args(node)
         info = tensor_info(node)
         contiguous = not _layout_free(node)
         x_grad = x.op not in ("placeholder", "get_attr")   # inputs and constants need no gradient
@@ -79,15 +80,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 
 def _candidate(node: fx.Node) -> tuple[int, int, int] | None:
     """``(M, K, N)`` of a 2-D ``linear`` on a CPU floating tensor worth timing, else None."""
-    if node.op != "call_function" or node.target is not F.linear or len(node.args) < 2:
+    linear, out = linear_args(node), tensor_info(node)
+    if linear is None or not linear.on_rows() or out is None or out.device.type != "cpu" \
+            or not out.dtype.is_floating_point:
         return None
-    x, weight = node.args[:2]
-    infos = [tensor_info(x), tensor_info(weight), tensor_info(node)]
-    if any(i is None for i in infos) or infos[0].rank != 2 or infos[1].rank != 2:
-        return None
-    if infos[2].device.type != "cpu" or not infos[2].dtype.is_floating_point:
-        return None
-    (m, k), (n, _) = infos[0].shape, infos[1].shape
+    (m, k), (n, _) = tensor_info(linear.x).shape, tensor_info(linear.weight).shape
     return (m, k, n) if m * k * n >= MIN_WORK else None
 
 
@@ -96,8 +93,8 @@ def _layout_free(node: fx.Node, depth: int = 0) -> bool:
     for user in node.users:
         if user.op == "call_function" and user.target in _LAYOUT_FREE:
             continue
-        if user.op == "call_function" and user.target is F.linear and user.args[0] is node \
-                and all(a is not node for a in (*user.args[1:], *user.kwargs.values())):
+        linear = linear_args(user)
+        if linear is not None and linear.x is node and linear.weight is not node and linear.bias is not node:
             continue
         if (depth < 4 and user.op in ("call_function", "call_method") and REGISTRY.family_of(user) is ELEMENTWISE
                 and user.kwargs.get("inplace") is not True and _layout_free(user, depth + 1)):

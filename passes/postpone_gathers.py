@@ -26,16 +26,15 @@ import operator
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 from dynamo_relational.ops import TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import _UNARY
 
 from .context import PassContext
 from .gather_nodes import as_gather, is_cat0, rows, set_source
+from .linear_nodes import linear_args
 
 MAX_GROWTH = 2
-_LINEAR = {F.linear}
 _MATMUL = {torch.matmul, operator.matmul, torch.mm}
 _UNARY_OPS = set(_UNARY) - {torch.clamp, torch.clip}  # clamp's bounds may be tensors
 
@@ -77,8 +76,9 @@ def apply(gm: fx.GraphModule, gather_node: fx.Node, user: fx.Node) -> bool:
 def _result_row(user: fx.Node, operand: fx.Node) -> TensorInfo:
     """Shape of one row of ``user``'s result (dtype and device follow the operand)."""
     x = tensor_info(operand)
-    if user.target in _LINEAR:
-        shape = (tensor_info(user.args[1] if len(user.args) > 1 else user.kwargs["weight"]).shape[0],)
+    linear = linear_args(user)
+    if linear is not None:
+        shape = (tensor_info(linear.weight).shape[0],)
     elif user.target in _MATMUL:
         shape = (tensor_info(user.args[1]).shape[1],)
     else:
@@ -94,12 +94,13 @@ def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
     if operand in rest:
         return False
     info = rows(operand)
-    if user.target in _LINEAR or user.target in _MATMUL:
-        weight = user.args[1] if len(user.args) > 1 else user.kwargs.get("weight")
-        w, x = tensor_info(weight), tensor_info(operand)
-        bias = user.args[2] if len(user.args) > 2 else user.kwargs.get("bias")
-        return (info is not None and w is not None and w.rank == 2 and x is not None and x.rank == 2
-                and (bias is None or (tensor_info(bias) is not None and tensor_info(bias).rank == 1)))
+    linear = linear_args(user)
+    if linear is not None:
+        bias = tensor_info(linear.bias)
+        return info is not None and linear.on_rows() and (linear.bias is None or (bias is not None and bias.rank == 1))
+    if user.target in _MATMUL:
+        weight, x = tensor_info(user.args[1]) if len(user.args) > 1 else None, tensor_info(operand)
+        return info is not None and weight is not None and weight.rank == 2 and x is not None and x.rank == 2
     try:
         unary = user.target in _UNARY_OPS
     except TypeError:

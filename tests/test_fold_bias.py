@@ -121,3 +121,10 @@ def test_on_a_graph_the_add_of_a_bias_folds_and_the_add_of_the_product_to_itself
 def _self_sum(x, w):
     h = F.linear(x, w)
     return h + h
+
+
+def test_a_linear_called_with_keywords_folds_alike():
+    x, w, b = (torch.randn(*shape, dtype=torch.float64) for shape in ((3, 4), (2, 4), (2,)))
+    gm, folds = _folded(lambda x, w, b: F.linear(input=x, weight=w) + b, x, w, b)
+    assert folds == 1
+    torch.testing.assert_close(gm(x, w, b), F.linear(x, w) + b)
