@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from dynamo_relational.ops import tensor_info
 
 from .context import PassContext
-from .linear_nodes import linear_args
+from .linear_nodes import LinearArgs, linear_args
 
 _ADD = (torch.add, operator.add)
 
@@ -37,35 +37,37 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         match = _match(node)
         if match is None:
             continue
-        linear, bias = match
+        product, linear, bias = match
         with gm.graph.inserting_before(node):
-            x, weight, _ = linear_args(linear)
-            fused = gm.graph.call_function(F.linear, (x, weight, bias))
+            fused = gm.graph.call_function(F.linear, (linear.x, linear.weight, bias))
         fused.meta.update(node.meta)
         node.replace_all_uses_with(fused)
         gm.graph.erase_node(node)
-        gm.graph.erase_node(linear)
+        gm.graph.erase_node(product)
         folded += 1
     ctx.stats["fold_bias"] = folded
     return gm
 
 
-def _match(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """``(linear, bias)`` of an ``add`` that the module docstring's conditions allow folding, else None."""
+def _match(node: fx.Node) -> tuple[fx.Node, LinearArgs, fx.Node] | None:
+    """``(product, its operands, bias)`` of an ``add`` that the module docstring's conditions allow
+    folding, else None."""
     is_add = (node.op == "call_function" and node.target in _ADD) or (node.op == "call_method" and node.target == "add")
     if not is_add or len(node.args) != 2 or node.kwargs:
         return None
-    for linear, bias in (node.args, reversed(node.args)):
+    for product, bias in (node.args, reversed(node.args)):
+        linear = _bias_free_linear(product)
         # (``linear + linear`` has the linear as its own bias: not one to fold)
-        if _bias_free_linear(linear) and isinstance(bias, fx.Node) and bias is not linear and _fits(bias, linear, node):
-            return linear, bias
+        if linear is not None and isinstance(bias, fx.Node) and bias is not product and _fits(bias, product, node):
+            return product, linear, bias
     return None
 
 
-def _bias_free_linear(node) -> bool:
-    """``linear(x, W)`` (or with ``bias=None``, as Dynamo records it) whose only user is the add."""
+def _bias_free_linear(node) -> LinearArgs | None:
+    """The operands of ``linear(x, W)`` (or with ``bias=None``, as Dynamo records it) whose only user
+    is the add, else None."""
     linear = linear_args(node)
-    return linear is not None and linear.bias is None and len(node.users) == 1
+    return linear if linear is not None and linear.bias is None and len(node.users) == 1 else None
 
 
 def _fits(bias: fx.Node, linear: fx.Node, add: fx.Node) -> bool:
