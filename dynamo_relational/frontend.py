@@ -19,6 +19,14 @@ Contract (what makes the fast trace exact):
   output shape depends on values (``nonzero``, boolean masks, ``unique``)
   raise :class:`FrontendError` naming the source line. Use ``torch.where``
   and friends, or ``torch.compile(model, backend="relational")``.
+* **Gradient modes.** ``with torch.no_grad():`` blocks are recorded (as
+  Dynamo records them) and become ``detach()`` in the grouped graph; the
+  trace runs with gradients on, so one graph serves calls with and without
+  them. Autocast is not recorded: a :class:`FrontendError`.
+* **Random ops draw new numbers on every call**, also without a traced
+  argument (``torch.randn(4)``): :class:`_RecordRandomOps` records them,
+  where fx would freeze the numbers drawn while tracing into the graph.
+  Only the default generator is recorded (``generator=`` is an error).
 * **Static shapes.** ``x.shape``, ``x.dim()``, ``len(x)``, ``x.dtype`` and
   ``x.device`` are the example inputs' values; the compiled module accepts
   only inputs of the example inputs' shapes, dtypes and devices.
@@ -32,8 +40,9 @@ references) or fake tensors (about 300 us). The values never reach Python
 control flow (see the contract); they give each node its shape, dtype and
 device (``meta["rel_info"]``, what the passes read) and are freed as soon as
 user code drops the node's last proxy (most neuron values die within their
-layer), except those of inputs and constants, which the passes compare. The innermost user frame of each node is recorded as
-``meta["stack_trace"]`` in Dynamo's format (the grouping's code-site hint).
+layer), except those of inputs and constants, which the passes compare. The
+innermost user frame of each node is recorded as ``meta["stack_trace"]`` in
+Dynamo's format (the grouping's code-site hint).
 
 Modules are traced through, not kept as leaves, so ``nn.Linear`` appears as
 ``F.linear`` and activations as ``torch.relu`` etc., which the grouping
@@ -57,6 +66,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.overrides import TorchFunctionMode, is_tensor_method_or_property
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -187,6 +197,8 @@ class _RejectDataDependentOps(TorchDispatchMode):
 
 # --------------------------------------------------------------------------- tracing
 
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
+
 
 @contextlib.contextmanager
 def _gc_paused():
@@ -238,9 +250,7 @@ class _ValueProxy(fx.Proxy):
         tracer = next((a.tracer for a in _proxies(args, kwargs.values())), None)
         if tracer is None or isinstance(orig_method, (torch._C.ScriptMethod, torch._ops.HigherOrderOperator)):
             return super().__torch_function__(orig_method, types, args, kwargs)
-        if torch.overrides.is_tensor_method_or_property(orig_method):
-            return tracer.create_proxy("call_method", orig_method.__name__, args, kwargs)
-        return tracer.create_proxy("call_function", orig_method, args, kwargs)
+        return tracer.record(orig_method, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         if name in _VALUE_METHODS:
@@ -285,6 +295,44 @@ def _proxies(*groups):
                 yield from (b for b in a if isinstance(b, _ValueProxy))
 
 
+def _random_op_names() -> frozenset[str]:
+    """Names of the ops that draw random numbers: ATen ops tagged ``nondeterministic_seeded``
+    (``randn``, ``rand_like``, ``bernoulli``, ``dropout``, ``normal_``, ...), and the dropout
+    variants of ``torch.nn.functional``, which reach ATen under other names."""
+    names = {"dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout", "rrelu"}
+    for name in dir(torch.ops.aten):
+        packet = getattr(torch.ops.aten, name, None)
+        if isinstance(packet, torch._ops.OpOverloadPacket) and any(
+                torch.Tag.nondeterministic_seeded in getattr(packet, overload).tags for overload in packet.overloads()):
+            names.add(name)
+    return frozenset(names)
+
+
+_RANDOM_OPS = _random_op_names()
+
+
+class _RecordRandomOps(TorchFunctionMode):
+    """Records random ops called without a traced argument (``torch.randn(4)``, ``torch.bernoulli(p)``
+    of a constant ``p``), which fx would run once while tracing and freeze into the graph as a
+    constant: recorded, they draw new numbers on every call, as in eager. Every other call runs as is
+    (calls with traced arguments reach :meth:`_ValueProxy.__torch_function__`)."""
+
+    def __init__(self, tracer: "_Tracer"):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", None) in _RANDOM_OPS and next(_proxies(args, kwargs.values()), None) is None:
+            if any(isinstance(a, torch.Generator) for a in (*args, *kwargs.values())):
+                raise FrontendError(f"random op `{func.__name__}` with an explicit torch.Generator at "
+                                    f"{_user_line(_frames(self.tracer._stop))}\ndynamo_relational.compile "
+                                    "records random ops on the default generator only: drop the generator, "
+                                    "or use torch.compile(model, backend=\"relational\").")
+            return self.tracer.record(func, args, kwargs)
+        return func(*args, **kwargs)
+
+
 def _in_place(target):
     def method(self, other):
         return self.tracer.create_proxy("call_function", target, (self, other), {})
@@ -321,11 +369,13 @@ class _Tracer(fx.Tracer):
         self.value_seconds = 0.0
         #: values of call nodes while a proxy of the node lives: node -> [value, live proxies]
         self._values: dict[fx.Node, list] = {}
+        #: the grad mode of the last recorded call (tracing starts with gradients on)
+        self._grad_enabled = True
 
     def trace(self, root, concrete_args=None) -> fx.Graph:
         self._stop = sys._getframe()
         try:
-            with _gc_paused():
+            with _gc_paused(), _RecordRandomOps(self):
                 return super().trace(root, concrete_args)
         finally:
             self._stop = None
@@ -336,6 +386,12 @@ class _Tracer(fx.Tracer):
         if node.op in ("placeholder", "get_attr"):
             return node.meta["example_value"]
         return self._values[node][0]
+
+    def record(self, func: Callable, args: tuple, kwargs: dict) -> fx.Proxy:
+        """A proxy for the call ``func(*args, **kwargs)`` of a torch function or tensor method."""
+        if is_tensor_method_or_property(func):
+            return self.create_proxy("call_method", func.__name__, args, kwargs)
+        return self.create_proxy("call_function", func, args, kwargs)
 
     def release(self, node: fx.Node) -> None:
         live = self._values.get(node)
@@ -398,6 +454,8 @@ class _Tracer(fx.Tracer):
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
         if kind == "get_attr" and target in self._attr_nodes:
             return self._attr_nodes[target]
+        if kind in ("call_function", "call_method", "output"):
+            self._record_modes()
         if name is None and kind in ("call_function", "call_method"):
             name = self._node_name(target)
         # Arguments are set after creation: Graph.create_node scans them for SymInts with a pytree
@@ -413,16 +471,30 @@ class _Tracer(fx.Tracer):
         if self.nodes % NODE_STRIDE == 0:
             self.progress.traced(self.nodes)
         start = time.perf_counter()
-        value = self._value(node)
-        if kind in ("placeholder", "get_attr"):
-            node.meta["example_value"] = value
-        else:   # the passes read the shape; the value lives while user code holds a proxy of the node
-            node.meta["rel_info"] = value_info(value)
-            self._values[node] = [value, 0]
+        with _NO_TORCH_FUNCTION():   # computing a value records nothing (see _RecordRandomOps)
+            value = self._value(node)
+            if kind in ("placeholder", "get_attr"):
+                node.meta["example_value"] = value
+            else:   # the passes read the shape; the value lives while user code holds a proxy of the node
+                node.meta["rel_info"] = value_info(value)
+                self._values[node] = [value, 0]
         self.value_seconds += time.perf_counter() - start
         if kind in ("call_function", "call_method"):
             node.meta["stack_trace"] = self._stack_trace()
         return node
+
+    def _record_modes(self) -> None:
+        """Record where user code switched gradients on or off (``with torch.no_grad():``) as Dynamo
+        does, ``torch._C._set_grad_enabled(mode)`` where the mode changes (the ``mode_regions`` pass
+        reads them); refuse autocast, which this tracer cannot record."""
+        grad = torch.is_grad_enabled()
+        if grad is not self._grad_enabled:
+            fx.Tracer.create_node(self, "call_function", torch._C._set_grad_enabled, (grad,), {})
+            self._grad_enabled = grad
+        if torch._C._is_any_autocast_enabled():
+            raise FrontendError(f"autocast at {_user_line(_frames(self._stop))}\ndynamo_relational.compile does not "
+                                "record autocast: cast explicitly (x.to(torch.bfloat16)), or use "
+                                "torch.compile(model, backend=\"relational\").")
 
     def _node_name(self, target) -> str:
         """fx's name for nodes calling ``target`` (fx runs a regex per node; cached here)."""
@@ -634,7 +706,8 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     start = time.perf_counter()
     tracer = _Tracer(model, inputs, [n.replace("[", "_").replace("]", "") for n in names], progress)
     progress.start("tracing")
-    graph = tracer.trace(model)
+    with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
+        graph = tracer.trace(model)
     progress.step()
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     leaves, out_spec = pytree.tree_flatten(output.args[0])

@@ -60,7 +60,7 @@ _VIEW_FUNCTIONS = {torch.reshape, torch.unsqueeze, torch.squeeze, torch.t, torch
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    if not ctx.options.value_compression or ctx.mutations:
+    if not ctx.options.value_compression or ctx.keep_order:
         return gm
     ids = value_numbers(gm)
     compressed = []

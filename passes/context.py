@@ -24,8 +24,9 @@ class PassContext:
     ungrouped: Counter = field(default_factory=Counter)
     #: the same, with the nodes' names: reason -> [node name, ...]
     ungrouped_nodes: dict[str, list[str]] = field(default_factory=dict)
-    #: in-place ops left in the graph (name, target); grouping is skipped when any remain
-    mutations: list[str] = field(default_factory=list)
+    #: why the graph must run in its original order (in-place ops left in it, mode switches such as
+    #: autocast); grouping leaves every node alone when there is any reason
+    keep_order: list[str] = field(default_factory=list)
     #: schedule chosen by the grouping pass (list of groups)
     groups: list[Any] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)

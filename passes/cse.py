@@ -119,7 +119,7 @@ def _constant_key(gm: fx.GraphModule, node: fx.Node):
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    if ctx.mutations:
+    if ctx.keep_order:
         return gm
     graph = gm.graph
     seen: dict = {}

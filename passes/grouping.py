@@ -71,7 +71,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     ops: list[NeuronOp | None] = []
     max_numel = opts.max_member_numel
     for node in units:
-        op = describe(node) if not ctx.mutations else f"graph has in-place ops: {ctx.mutations[0]}"
+        op = describe(node) if not ctx.keep_order else f"graph keeps its order: {ctx.keep_order[0]}"
         if type(op) is not str:
             numel = _member_numel(op)
             if numel > max_numel:
@@ -81,7 +81,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             op = None
         ops.append(op)
 
-    if ctx.mutations:  # keep the original order: moving a read across a write changes its value
+    if ctx.keep_order:  # moving a read across a write, or an op across a mode switch, changes its value
         ctx.groups = [Group([n], None) for n in units]
         ctx.stats.update(units=len(units), groups=len(units), schedule="original order")
         return gm

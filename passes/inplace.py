@@ -5,7 +5,7 @@ Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 by an arithmetic op, ``torch.zeros`` or ``torch.clone`` (not a view, input or
 parameter) whose only user is the in-place op, and the result has ``acc``'s
 shape and dtype. Then nothing else can observe the mutation. Every other in-place op is recorded in
-``ctx.mutations``; the grouping pass then leaves the graph as it is, since
+``ctx.keep_order``; the grouping pass then leaves the graph as it is, since
 grouping copies values that in-place ops may alias. When none is left, a
 ``clone`` that is only read is replaced by its input (same value, one node less).
 """
@@ -119,7 +119,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 and _fresh_temporary(target, node) and tensor_info(node) == tensor_info(target)):
             node.op, node.target = "call_function", pure
             continue
-        ctx.mutations.append(f"{node.name} ({node.target})")
-    if not ctx.mutations:
+        ctx.keep_order.append(f"in-place op {node.name} ({node.target})")
+    if not ctx.keep_order:
         _drop_read_only_clones(gm.graph)
     return gm

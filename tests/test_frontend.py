@@ -156,6 +156,20 @@ def test_error_in_user_code_names_the_line():
         dynamo_relational.compile(Bad(), torch.randn(4, 2), inductor=False)
 
 
+def test_random_op_with_its_own_generator_is_a_clear_error_naming_the_line():
+    class Noisy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.generator = torch.Generator().manual_seed(0)
+
+        def forward(self, x):
+            return x + torch.randn(x.shape, generator=self.generator)   # OWN GENERATOR
+
+    with pytest.raises(FrontendError, match=r"random op `randn` with an explicit torch.Generator at "
+                                            r".*test_frontend.py:\d+ in forward: .*# OWN GENERATOR"):
+        dynamo_relational.compile(Noisy(), torch.randn(4, 2), inductor=False)
+
+
 def test_calls_that_do_not_match_the_example_inputs_are_errors():
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2)

@@ -123,13 +123,13 @@ _UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.log, torch.neg
           torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.square, torch.erf, torch.log1p,
           torch.expm1, torch.reciprocal, torch.sign, torch.clamp, torch.clip, torch.nn.functional.relu,
           F.sigmoid, F.tanh, F.leaky_relu, F.elu, F.gelu, F.silu, F.softplus, F.relu6, F.hardtanh,
-          F.mish, F.selu, F.celu, F.logsigmoid, operator.neg, torch.special.expit]
+          F.mish, F.selu, F.celu, F.logsigmoid, operator.neg, torch.special.expit, torch.detach]
 _BINARY = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, torch.add,
            torch.sub, torch.mul, torch.div, torch.pow, torch.maximum, torch.minimum, torch.where,
            torch.lerp, torch.addcmul]
 _METHODS = ["relu", "sigmoid", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqrt", "sin", "cos",
             "square", "clamp", "clip", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
             "__radd__", "__rsub__", "__rmul__", "__rtruediv__", "erf", "log1p", "expm1",
-            "reciprocal"]
+            "reciprocal", "detach"]
 
 ELEMENTWISE = register(Elementwise(), functions=_UNARY + _BINARY, methods=_METHODS)

@@ -1,0 +1,145 @@
+"""Ops the grouper does not know (views, dtype changes, integer, comparison and sorting ops, random
+ops) and graph breaks: every model computes eager's numbers and gradients, through the Dynamo backend
+and the fast front-end; the known ops around them are still grouped, and the unknown ones are left
+ungrouped with a reason."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dynamo_relational
+from tests.conftest import assert_compiled_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager
+
+NEIGHBORS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4]]
+
+
+class PerNeuron(nn.Module):
+    """One output row per neuron: ``body(model, x, v, message)`` with ``message = sum(W @ x[u])``
+    over the neuron's in-neighbours (the part the grouper knows)."""
+
+    def __init__(self, body, width: int = 4):
+        super().__init__()
+        self.body = body
+        self.W = nn.Parameter(torch.randn(width, width, dtype=torch.float64) / 2)
+
+    def forward(self, x):
+        return torch.stack([self.body(self, x, v, sum(self.W @ x[u] for u in nbrs))
+                            for v, nbrs in enumerate(NEIGHBORS)])
+
+
+# name -> (body, an op that must be named among the reasons for leaving nodes ungrouped, or None)
+BODIES = {
+    # views
+    "view": (lambda m, x, v, h: h.view(2, 2).sum(0).repeat(2), "repeat"),
+    "reshape_and_t": (lambda m, x, v, h: (h.reshape(2, 2).t() @ x[v].reshape(2, 2)).flatten(), "t"),
+    "unsqueeze": (lambda m, x, v, h: (x[v].unsqueeze(0) @ m.W).squeeze(0) + h, None),
+    "slices": (lambda m, x, v, h: torch.cat([h[1:3], x[v][:2]]), None),
+    "narrow": (lambda m, x, v, h: torch.cat([h.narrow(0, 0, 2), x[v][2:]]), "narrow"),
+    "expand": (lambda m, x, v, h: x[v][0:1].expand(4) * h, "expand"),
+    "flip": (lambda m, x, v, h: h.flip(0), "flip"),
+    "chunk": (lambda m, x, v, h: torch.cat(h.chunk(2)[::-1]), "chunk"),
+    "unbind": (lambda m, x, v, h: torch.stack(list(h.unbind(0))[::-1]), "unbind"),
+    # mixed dtypes
+    "through_float32": (lambda m, x, v, h: h.float().double(), "float"),
+    "promote_int64": (lambda m, x, v, h: h + torch.arange(4), "arange"),
+    "promote_float32": (lambda m, x, v, h: h * torch.ones(4, dtype=torch.float32), "ones"),
+    "python_scalars": (lambda m, x, v, h: h * 3 + v, None),
+    # integer, comparison and sorting ops
+    "argmax": (lambda m, x, v, h: h * h.argmax(), "argmax"),
+    "where": (lambda m, x, v, h: torch.where(h > 0, h, x[v]), "gt"),
+    "bool_mask": (lambda m, x, v, h: h * (x[v] > 0), "gt"),
+    "integer_arithmetic": (lambda m, x, v, h: h * ((torch.arange(4) * v + 1) % 3 // 1), "floordiv"),
+    "count": (lambda m, x, v, h: h * (x[v] > 0).long().sum(), "long"),
+    "clamp_round": (lambda m, x, v, h: h.clamp(-0.5, 0.5) + x[v].round(), "round"),
+    "max_values_indices": (lambda m, x, v, h: h.max(0).values * x[v] + h.max(0).indices, "max"),
+    "sort": (lambda m, x, v, h: h.sort().values, "sort"),
+    "topk": (lambda m, x, v, h: h.topk(2).values.repeat(2), "topk"),
+    "cumsum": (lambda m, x, v, h: h.cumsum(0), "cumsum"),
+    "softmax": (lambda m, x, v, h: F.softmax(h, 0), "softmax"),
+    "norm": (lambda m, x, v, h: h / h.norm(), "norm"),
+    "powers": (lambda m, x, v, h: h ** 2 + h.pow(3), None),
+    "outer": (lambda m, x, v, h: torch.outer(h, x[v]).sum(1), "outer"),
+    "einsum": (lambda m, x, v, h: torch.einsum("ij,j->i", m.W, x[v]) + h, "einsum"),
+}
+
+
+def _model_and_input(body):
+    torch.manual_seed(0)
+    return PerNeuron(body), torch.randn(len(NEIGHBORS), 4, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+def test_unknown_ops_through_the_backend_match_eager(name):
+    body, unknown = BODIES[name]
+    report = assert_compiled_matches_eager(*_model_and_input(body), inductor=False)
+    (graph,) = report.graphs
+    assert graph.nodes_after < graph.nodes_before   # the known ops around the unknown ones are grouped
+    reasons = " ".join(graph.ungrouped)
+    if unknown is None:
+        assert "no vectorizer" not in reasons, reasons
+    else:
+        assert f" {unknown}" in reasons, reasons
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+def test_unknown_ops_through_the_fast_front_end_match_eager(name):
+    compiled = assert_fast_compile_matches_eager(*_model_and_input(BODIES[name][0]), inductor=False)
+    assert compiled.report.nodes_after < compiled.report.nodes_before
+
+
+@pytest.mark.parametrize("name", ["narrow", "through_float32", "integer_arithmetic", "sort"])
+def test_unknown_ops_through_inductor_match_eager(name):
+    model, x = _model_and_input(BODIES[name][0])
+    assert_compiled_matches_eager(model, x)
+    assert_fast_compile_matches_eager(model, x)
+
+
+def _branching(m, x, v, h):
+    if h.sum() > 0:   # data-dependent control flow: a graph break under Dynamo
+        return torch.relu(h)
+    return torch.tanh(h)
+
+
+def test_graph_breaks_on_tensor_values_match_eager():
+    report = assert_compiled_matches_eager(*_model_and_input(_branching), inductor=False)
+    assert len(report.graphs) > 1
+
+
+RANDOM_BODIES = {
+    "dropout": lambda m, x, v, h: F.dropout(h, 0.5, training=True),
+    "rand_like": lambda m, x, v, h: h * torch.rand_like(x[v]),
+    "randn": lambda m, x, v, h: h + torch.randn(4, dtype=torch.float64),
+    "bernoulli_of_a_constant": lambda m, x, v, h: h * torch.bernoulli(torch.full((4,), 0.5, dtype=torch.float64)),
+    "uniform_in_place": lambda m, x, v, h: h * torch.empty(4, dtype=torch.float64).uniform_(),
+    "randint": lambda m, x, v, h: h * torch.randint(0, 3, (4,)),
+    "randperm_index": lambda m, x, v, h: h[torch.randperm(4)],
+    "distribution_sample": lambda m, x, v, h: h + torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64),
+                                                                            1.0).sample((4,)),
+}
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("name", sorted(RANDOM_BODIES))
+def test_random_ops_draw_eagers_numbers_on_every_call(name, front_end):
+    """Run in the traced order, the random ops draw what eager draws from the same seed, call after call
+    (a draw frozen at compile time would repeat the first call's numbers)."""
+    model, x = _model_and_input(RANDOM_BODIES[name])
+    if front_end == "fast":
+        compiled = dynamo_relational.compile(model, x, inductor=False)
+    else:
+        compiled = torch.compile(model, backend="relational", options={"inductor": False})
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        got = [compiled(x), compiled(x)]
+        torch.manual_seed(seed)
+        want = [model(x), model(x)]
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_random_ops_through_inductor_draw_new_numbers_on_every_call():
+    model, x = _model_and_input(RANDOM_BODIES["randn"])
+    compiled = dynamo_relational.compile(model, x)
+    assert not torch.equal(compiled(x), compiled(x))
+    report = compiled.report.graphs[0]
+    assert any("randn" in reason for reason in report.ungrouped)
