@@ -133,6 +133,8 @@ def _product(matrix, flat: Tensor, rows: int) -> Tensor:
         source = flat if matrix.pre is None else flat / matrix.pre
         return triton_csr.csr_reduce(source, matrix.offsets, matrix.index, rows, matrix.reduce,
                                      longest=matrix.longest)
+    if matrix.dtype != flat.dtype:   # bfloat16 or float16 on CPU: see _sparse_dtype
+        return torch.sparse.mm(matrix, flat.to(matrix.dtype)).to(flat.dtype)
     return torch.sparse.mm(matrix, flat.contiguous())
 
 
@@ -165,12 +167,21 @@ def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, 
         elif index.shape[0] and triton:
             matrix = TritonCSR(offsets, index, reduce)
         elif index.shape[0]:
-            weights = entry_weights(csr, (a, b, transpose), offsets, index, reduce, dtype)
+            weights = entry_weights(csr, (a, b, transpose), offsets, index, reduce, _sparse_dtype(dtype, device))
             matrix = torch.sparse_csr_tensor(offsets, index, weights, (rows, columns), check_invariants=False)
         if len(_MATRICES) > 256:
             _MATRICES.clear()
         cached = _MATRICES[key] = (csr, matrix)
     return cached[1]
+
+
+def _sparse_dtype(dtype: torch.dtype, device) -> torch.dtype:
+    """The dtype of the sparse matrix for a source of ``dtype``: MKL multiplies only float32 and float64
+    on CPU, so bfloat16 and float16 sources are multiplied in float32 and the result rounded back
+    (each sum then rounds once, where eager's per-term additions in that dtype round at every term)."""
+    if dtype in (torch.float32, torch.float64) or torch.device(device).type != "cpu":
+        return dtype
+    return torch.float32
 
 
 def entry_weights(csr: Tensor, layout: tuple, offsets: Tensor, index: Tensor, reduce: str,

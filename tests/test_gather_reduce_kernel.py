@@ -31,6 +31,23 @@ def test_gather_reduce_matches_gather_then_reduce(dtype, shape, reduce):
     torch.testing.assert_close(got_grad, want_grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_low_precision_on_cpu_is_reduced_in_float32_and_rounded_once(dtype, reduce):
+    """MKL's sparse product takes no bfloat16 or float16: those sources are reduced in float32."""
+    torch.manual_seed(0)
+    source = torch.randn(5, 3).to(dtype).requires_grad_()
+    csr = pack_csr(csr_offsets(COUNTS), INDEX, 5)
+    out = gather_reduce(source, csr, len(COUNTS), reduce)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, _reference(source.detach().float(), reduce).to(dtype), rtol=0, atol=0)
+    weights = torch.randn_like(out)
+    got, = torch.autograd.grad((out * weights).sum(), source)
+    exact = source.detach().float().requires_grad_()
+    want, = torch.autograd.grad((_reference(exact, reduce) * weights.float()).sum(), exact)
+    torch.testing.assert_close(got, want.to(dtype), rtol=0, atol=0)
+
+
 def test_gather_rows_is_index_select_with_the_same_gradient():
     source = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     out = gather_rows(source, pack_csr(unit_offsets(len(INDEX)), INDEX, 5))
