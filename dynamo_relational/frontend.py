@@ -23,6 +23,8 @@ Contract (what makes the fast trace exact):
   Dynamo records them) and become ``detach()`` in the grouped graph; the
   trace runs with gradients on, so one graph serves calls with and without
   them. Autocast is not recorded: a :class:`FrontendError`.
+* **Custom autograd Functions keep their backward**: ``MyFunction.apply(h)``
+  is recorded as one call (fx would trace its forward's ops instead).
 * **Random ops draw new numbers on every call**, also without a traced
   argument (``torch.randn(4)``): :class:`_RecordRandomOps` records them,
   where fx would freeze the numbers drawn while tracing into the graph.
@@ -365,6 +367,8 @@ class _Tracer(fx.Tracer):
         self._stack_traces: dict[Any, str] = {}
         self._target_names: dict[Any, str] = {}
         self._check = _RejectDataDependentOps()
+        #: custom autograd.Function subclass -> the function its recorded calls call (see below)
+        self._appliers: dict[type, Callable] = {}
         self._stop = None
         self.value_seconds = 0.0
         #: values of call nodes while a proxy of the node lives: node -> [value, live proxies]
@@ -375,11 +379,37 @@ class _Tracer(fx.Tracer):
     def trace(self, root, concrete_args=None) -> fx.Graph:
         self._stop = sys._getframe()
         try:
-            with _gc_paused(), _RecordRandomOps(self):
+            with _gc_paused(), _RecordRandomOps(self), self._recording_autograd_functions():
                 return super().trace(root, concrete_args)
         finally:
             self._stop = None
             self._values.clear()
+
+    @contextlib.contextmanager
+    def _recording_autograd_functions(self):
+        """``MyFunction.apply(x)`` of a traced ``x`` records one call of ``MyFunction.apply``, which runs
+        its forward and, in training, its own backward. (Left alone, fx would trace the ops of its
+        forward and lose the backward.) ``Function.apply`` is patched while tracing, as fx patches
+        the functions it wraps."""
+        original = torch.autograd.Function.__dict__["apply"]
+        tracer = self
+
+        def apply(cls, *args, **kwargs):
+            if next(_proxies(args, kwargs.values()), None) is None:
+                return original.__get__(None, cls)(*args, **kwargs)
+            applier = tracer._appliers.get(cls)
+            if applier is None:
+                def applier(*args, **kwargs):
+                    return cls.apply(*args, **kwargs)
+                applier.__name__ = applier.__qualname__ = f"{cls.__name__}_apply"
+                tracer._appliers[cls] = applier
+            return tracer.create_proxy("call_function", applier, args, kwargs)
+
+        torch.autograd.Function.apply = classmethod(apply)
+        try:
+            yield
+        finally:
+            torch.autograd.Function.apply = original
 
     def value_of(self, node: fx.Node) -> Any:
         """The traced value of ``node`` (inputs and constants keep theirs in ``meta["example_value"]``)."""

@@ -18,6 +18,7 @@ import torch.fx as fx
 
 from .context import PassContext
 from .inplace import is_in_place
+from .mode_regions import is_mode_switch
 
 
 def _is_reshape(node) -> bool:
@@ -54,8 +55,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             if shape is not None:
                 inner = node.args[0]
                 node.target, node.args = "reshape", (inner.args[0] if len(inner.users) == 1 else inner, shape)
-    # In-place ops have no users but must stay (FX does not count methods like mul_ as impure).
-    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_in_place(n))
+    # In-place ops and mode switches have no users but must stay (FX counts neither mul_ nor the exit
+    # of inference mode as impure).
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_in_place(n) or is_mode_switch(n))
     used = {n.target for n in graph.nodes if n.op == "get_attr"}
     for name in [name for name, _ in gm.named_buffers() if name.startswith("_relational_") and name not in used]:
         delattr(gm, name)

@@ -21,6 +21,7 @@ mean running it node by node.
 """
 from __future__ import annotations
 
+import importlib
 import operator
 
 import torch
@@ -31,6 +32,33 @@ from dynamo_relational.ops import tensor_info
 from .context import PassContext
 
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
+
+
+def _resolve(names: tuple[str, ...]) -> frozenset:
+    found = set()
+    for name in names:
+        module, _, attribute = name.rpartition(".")
+        try:
+            found.add(getattr(importlib.import_module(module), attribute))
+        except (ImportError, AttributeError):   # not in this version of torch
+            pass
+    return frozenset(found)
+
+
+#: calls with which Dynamo records ``with`` blocks of modes that change values or gradients, other
+#: than grad mode (fx does not count them all as side-effectful: inference mode's exit, for one)
+_MODE_SWITCHES = _resolve((
+    "torch.amp._enter_autocast", "torch.amp._exit_autocast",
+    "torch.autograd.grad_mode._enter_inference_mode", "torch.autograd.grad_mode._exit_inference_mode",
+    "torch._C._set_fwd_grad_enabled",
+    "torch._C._autograd._saved_tensors_hooks_disable", "torch._C._autograd._saved_tensors_hooks_enable",
+    "torch._C._functorch._grad_increment_nesting", "torch._C._functorch._grad_decrement_nesting",
+    "torch._C._functorch.push_dynamic_layer_stack", "torch._C._functorch.pop_dynamic_layer_stack",
+    "torch._C._functorch.set_inplace_requires_grad_allowed",
+    "torch._functorch.predispatch._enter_dual_level", "torch._functorch.predispatch._exit_dual_level",
+    "torch._functorch.predispatch._jvp_increment_nesting", "torch._functorch.predispatch._jvp_decrement_nesting",
+    "torch._functorch.predispatch._vmap_increment_nesting", "torch._functorch.predispatch._vmap_decrement_nesting",
+))
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -62,13 +90,24 @@ def _unsupported(switches: list[fx.Node]) -> str | None:
     return None
 
 
+def is_mode_switch(node: fx.Node) -> bool:
+    """Whether ``node`` switches a mode (grad mode included): it must stay, and stay in its place."""
+    if node.op != "call_function":
+        return False
+    try:
+        return node.target is _SET_GRAD_ENABLED or node.target in _MODE_SWITCHES
+    except TypeError:   # an unhashable target
+        return False
+
+
 def _other_mode_switch(graph: fx.Graph) -> fx.Node | None:
-    """The first call that switches a mode other than grad mode (autocast, inference mode, ...):
-    a call whose result nothing reads (``_exit_autocast``; ``_enter_autocast`` is read by it) that fx
-    calls side-effectful. In-place ops are the ``inplace`` pass's."""
+    """The first call that switches a mode other than grad mode (autocast, inference mode, ...): one of
+    :data:`_MODE_SWITCHES`, or a call whose result nothing reads that fx calls side-effectful
+    (in-place ops, ``setitem`` included, are the ``inplace`` pass's)."""
     for node in graph.nodes:
-        if (not node.users and node.op == "call_function" and node.target is not _SET_GRAD_ENABLED
-                and node.target is not operator.setitem and node.is_impure(impure_random=False)):
+        if node.op != "call_function" or node.target is _SET_GRAD_ENABLED or node.target is operator.setitem:
+            continue
+        if is_mode_switch(node) or (not node.users and node.is_impure(impure_random=False)):
             return node
     return None
 

@@ -7,9 +7,11 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.conftest import assert_compiled_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager
 
 EXAMPLES = int(os.environ.get("RELATIONAL_FUZZ_EXAMPLES", "8"))
-VECTOR_OPS = ["add", "mul", "relu", "sigmoid", "tanh", "matvec", "affine", "sum", "amax", "mean", "scale", "offset"]
+VECTOR_OPS = ["add", "mul", "relu", "sigmoid", "tanh", "matvec", "affine", "sum", "amax", "mean", "scale", "offset",
+              "no_grad"]
 
 
 class RandomScalarNet(torch.nn.Module):
@@ -42,6 +44,10 @@ class RandomScalarNet(torch.nn.Module):
                 v = sum(values[p % len(values)] for p in picks)
             elif op in ("amax", "mean"):
                 v = getattr(torch.stack([values[p % len(values)] for p in picks]), op)(0)
+            elif op == "no_grad":   # a gate computed without gradient (passes/mode_regions.py)
+                with torch.no_grad():
+                    gate = torch.tanh(self.W @ a)
+                v = gate * b + self.b
             elif op == "scale":
                 v = scalars[picks[0] % len(scalars)] * a
             else:
@@ -59,17 +65,23 @@ dags = dict(program=st.lists(step, min_size=1, max_size=25), rows=st.integers(2,
             double=st.booleans(), seed=st.integers(0, 2 ** 16))
 
 
-def _check(program, rows, width, double, seed):
+def _check(program, rows, width, double, seed, check=assert_compiled_matches_eager):
     torch.manual_seed(seed)
     dtype = torch.float64 if double else torch.float32
     model = RandomScalarNet(program, rows, width, dtype)
-    assert_compiled_matches_eager(model, torch.randn(rows, width, dtype=dtype), inductor=False)
+    check(model, torch.randn(rows, width, dtype=dtype), inductor=False)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(**dags)
 def test_random_scalar_dag_matches_eager(program, rows, width, double, seed):
     _check(program, rows, width, double, seed)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(**dags)
+def test_random_scalar_dag_through_the_fast_front_end_matches_eager(program, rows, width, double, seed):
+    _check(program, rows, width, double, seed, check=assert_fast_compile_matches_eager)
 
 
 class FactsScalarNet(RandomScalarNet):
@@ -104,8 +116,15 @@ def test_random_scalar_dag_over_repeated_facts_matches_eager_with_value_compress
 @settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(**dags)
 def test_thousand_random_scalar_dags_match_eager(program, rows, width, double, seed):
-    """The fuzz run: ``./test.sh -m fuzz`` (about 7 minutes on 2 cores; the next test 1.5 more)."""
+    """The fuzz run: ``./test.sh -m fuzz`` (about 7 minutes on 2 cores; the next tests 1.5 and 2 more)."""
     _check(program, rows, width, double, seed)
+
+
+@pytest.mark.fuzz
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(**dags)
+def test_thousand_random_scalar_dags_through_the_fast_front_end_match_eager(program, rows, width, double, seed):
+    _check(program, rows, width, double, seed, check=assert_fast_compile_matches_eager)
 
 
 @pytest.mark.fuzz

@@ -174,3 +174,22 @@ def test_low_precision_models_on_cpu_are_as_accurate_as_eager(dtype, front_end):
         return max(((v - w).abs().max() / w.abs().max()).item() for v, w in zip(values, want))
 
     assert error(_outputs_and_gradients(compiled, model, x)) <= error(_outputs_and_gradients(model, model, x))
+
+
+class Doubled(torch.autograd.Function):
+    """Rounds, with a custom gradient (twice the incoming one, where round's own is zero)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2.0
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_custom_autograd_functions_keep_their_backward(inductor):
+    model, x = _model_and_input(lambda m, x, v, h: Doubled.apply(h) + h)
+    assert_compiled_matches_eager(model, x, inductor=inductor)
+    assert_fast_compile_matches_eager(model, x, inductor=inductor)
