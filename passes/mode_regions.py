@@ -34,15 +34,16 @@ from .context import PassContext
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
 
 
-def _resolve(names: tuple[str, ...]) -> frozenset:
-    found = set()
+def _resolve(names: tuple[str, ...]) -> dict:
+    """The functions of these dotted names that this torch has, in order (a dict as an ordered set)."""
+    found = {}
     for name in names:
         module, _, attribute = name.rpartition(".")
         try:
-            found.add(getattr(importlib.import_module(module), attribute))
+            found[getattr(importlib.import_module(module), attribute)] = None
         except (ImportError, AttributeError):   # not in this version of torch
             pass
-    return frozenset(found)
+    return found
 
 
 #: calls with which Dynamo records ``with`` blocks of modes that change values or gradients, other
@@ -101,14 +102,12 @@ def is_mode_switch(node: fx.Node) -> bool:
 
 
 def _other_mode_switch(graph: fx.Graph) -> fx.Node | None:
-    """The first call that switches a mode other than grad mode (autocast, inference mode, ...): one of
-    :data:`_MODE_SWITCHES`, or a call whose result nothing reads that fx calls side-effectful
-    (in-place ops, ``setitem`` included, are the ``inplace`` pass's)."""
-    for node in graph.nodes:
-        if node.op != "call_function" or node.target is _SET_GRAD_ENABLED or node.target is operator.setitem:
-            continue
-        if is_mode_switch(node) or (not node.users and node.is_impure(impure_random=False)):
-            return node
+    """A call that switches a mode other than grad mode (autocast, inference mode, ...), if any: found
+    through the graph's index of nodes by target, without a walk over all nodes."""
+    for target in _MODE_SWITCHES:
+        found = graph.find_nodes(op="call_function", target=target, sort=False)
+        if found:
+            return found[0]
     return None
 
 

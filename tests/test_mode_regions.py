@@ -153,7 +153,7 @@ def test_autocast_blocks_through_the_backend_keep_the_order(inductor):
     got = report.compiled(x)
     want = model(x)
     torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)   # bfloat16 rounding, summed in another order
-    assert any("mode switch _enter_autocast" in reason for reason in report.graphs[0].ungrouped)
+    assert any("mode switch _enter_autocast" in reason for reason in report.graphs[0].ungrouped), report.graphs[0].ungrouped
 
 
 def test_autocast_in_the_fast_front_end_is_a_clear_error_naming_the_line():
