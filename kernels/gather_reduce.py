@@ -133,6 +133,13 @@ def _product(matrix, flat: Tensor, rows: int) -> Tensor:
         source = flat if matrix.pre is None else flat / matrix.pre
         return triton_csr.csr_reduce(source, matrix.offsets, matrix.index, rows, matrix.reduce,
                                      longest=matrix.longest)
+    if torch._C._is_any_autocast_enabled():   # autocast would cast the product to a dtype MKL lacks; the
+        with torch.autocast(flat.device.type, enabled=False):   # op's result has its source's dtype
+            return _sparse_product(matrix, flat)
+    return _sparse_product(matrix, flat)
+
+
+def _sparse_product(matrix: Tensor, flat: Tensor) -> Tensor:
     if matrix.dtype != flat.dtype:   # bfloat16 or float16 on CPU: see _sparse_dtype
         return torch.sparse.mm(matrix, flat.to(matrix.dtype)).to(flat.dtype)
     return torch.sparse.mm(matrix, flat.contiguous())

@@ -48,6 +48,16 @@ def test_low_precision_on_cpu_is_reduced_in_float32_and_rounded_once(dtype, redu
     torch.testing.assert_close(got, want.to(dtype), rtol=0, atol=0)
 
 
+def test_products_keep_the_source_dtype_under_autocast():
+    source = torch.randn(5, 3, requires_grad=True)
+    csr = pack_csr(csr_offsets(COUNTS), INDEX, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = gather_reduce(source, csr, len(COUNTS), "sum")
+        grad, = torch.autograd.grad(out.sum(), source)
+    assert out.dtype == grad.dtype == torch.float32
+    torch.testing.assert_close(out, _reference(source.detach(), "sum"))
+
+
 def test_gather_rows_is_index_select_with_the_same_gradient():
     source = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     out = gather_rows(source, pack_csr(unit_offsets(len(INDEX)), INDEX, 5))
