@@ -26,9 +26,10 @@ Contract (what makes the fast trace exact):
 * **Custom autograd Functions keep their backward**: ``MyFunction.apply(h)``
   is recorded as one call (fx would trace its forward's ops instead).
 * **Random ops draw new numbers on every call**, also without a traced
-  argument (``torch.randn(4)``): :class:`_RecordRandomOps` records them,
-  where fx would freeze the numbers drawn while tracing into the graph.
-  Only the default generator is recorded (``generator=`` is an error).
+  argument (``torch.randn(4)``), where fx would freeze the numbers drawn
+  while tracing into the graph: a trace that drew numbers outside the graph
+  is redone with :class:`_RecordRandomOps`, which records such ops. Only the
+  default generators are recorded (``generator=`` is an error).
 * **Static shapes.** ``x.shape``, ``x.dim()``, ``len(x)``, ``x.dtype`` and
   ``x.device`` are the example inputs' values; the compiled module accepts
   only inputs of the example inputs' shapes, dtypes and devices.
@@ -53,6 +54,7 @@ catalog understands. Module hooks run as in eager.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import inspect
 import linecache
@@ -200,6 +202,9 @@ class _RejectDataDependentOps(TorchDispatchMode):
 # --------------------------------------------------------------------------- tracing
 
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
+_is_grad_enabled = torch.is_grad_enabled
+_is_autocast_enabled = torch._C._is_any_autocast_enabled
+_CALLS_AND_OUTPUT = frozenset(("call_function", "call_method", "output"))
 
 
 @contextlib.contextmanager
@@ -313,6 +318,41 @@ def _random_op_names() -> frozenset[str]:
 _RANDOM_OPS = _random_op_names()
 
 
+def _is_random(node: fx.Node) -> bool:
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    return name in _RANDOM_OPS
+
+
+def _cuda_devices() -> list[int]:
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+
+
+def _generator_states() -> list[torch.Tensor]:
+    """The states of the default generators (CPU, and each CUDA device once CUDA is in use)."""
+    states = [torch.random.get_rng_state()]
+    if torch.cuda.is_initialized():
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_generator_states(states: list[torch.Tensor]) -> None:
+    torch.random.set_rng_state(states[0])
+    if len(states) > 1:
+        torch.cuda.set_rng_state_all(states[1:])
+
+
+def _refusing_generators(function: Callable, name: str, tracer: "_Tracer") -> Callable:
+    @functools.wraps(function)
+    def refusing(*args, **kwargs):
+        if kwargs.get("generator") is not None:
+            raise FrontendError(f"random op `{name}` with an explicit torch.Generator at "
+                                f"{_user_line(_frames(tracer._stop))}\ndynamo_relational.compile records random "
+                                "ops on the default generator only: drop the generator, or use "
+                                "torch.compile(model, backend=\"relational\").")
+        return function(*args, **kwargs)
+    return refusing
+
+
 class _RecordRandomOps(TorchFunctionMode):
     """Records random ops called without a traced argument (``torch.randn(4)``, ``torch.bernoulli(p)``
     of a constant ``p``), which fx would run once while tracing and freeze into the graph as a
@@ -326,11 +366,6 @@ class _RecordRandomOps(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if getattr(func, "__name__", None) in _RANDOM_OPS and next(_proxies(args, kwargs.values()), None) is None:
-            if any(isinstance(a, torch.Generator) for a in (*args, *kwargs.values())):
-                raise FrontendError(f"random op `{func.__name__}` with an explicit torch.Generator at "
-                                    f"{_user_line(_frames(self.tracer._stop))}\ndynamo_relational.compile "
-                                    "records random ops on the default generator only: drop the generator, "
-                                    "or use torch.compile(model, backend=\"relational\").")
             return self.tracer.record(func, args, kwargs)
         return func(*args, **kwargs)
 
@@ -349,9 +384,11 @@ class _Tracer(fx.Tracer):
     """Traces through every module; each node's value is computed as it is recorded."""
 
     def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str],
-                 progress: CompileProgress = NO_PROGRESS):
+                 progress: CompileProgress = NO_PROGRESS, record_random_ops: bool = False):
         super().__init__()
         self.progress = progress
+        #: record random ops called without a traced argument (:class:`_RecordRandomOps`)
+        self.record_random_ops = record_random_ops
         self.nodes = 0
         self.model = model
         self.inputs = list(inputs)
@@ -379,7 +416,8 @@ class _Tracer(fx.Tracer):
     def trace(self, root, concrete_args=None) -> fx.Graph:
         self._stop = sys._getframe()
         try:
-            with _gc_paused(), _RecordRandomOps(self), self._recording_autograd_functions():
+            recording = _RecordRandomOps(self) if self.record_random_ops else contextlib.nullcontext()
+            with _gc_paused(), recording, self._recording_autograd_functions(), self._refusing_own_generators():
                 return super().trace(root, concrete_args)
         finally:
             self._stop = None
@@ -410,6 +448,27 @@ class _Tracer(fx.Tracer):
             yield
         finally:
             torch.autograd.Function.apply = original
+
+    @contextlib.contextmanager
+    def _refusing_own_generators(self):
+        """A random op given its own ``generator=`` draws from a generator this tracer does not watch
+        (see :func:`_trace_and_group`): the random functions of ``torch`` and ``torch.Tensor`` refuse
+        it while tracing, naming the line, instead of letting its numbers be frozen."""
+        patched = []
+        for namespace in (torch, torch.Tensor):
+            for name in _RANDOM_OPS:
+                original = getattr(namespace, name, None)
+                if callable(original):
+                    patched.append((namespace, name, namespace.__dict__.get(name)))
+                    setattr(namespace, name, _refusing_generators(original, name, self))
+        try:
+            yield
+        finally:
+            for namespace, name, own in patched:
+                if own is None:   # inherited (tensor methods live on torch._C.TensorBase)
+                    delattr(namespace, name)
+                else:
+                    setattr(namespace, name, own)
 
     def value_of(self, node: fx.Node) -> Any:
         """The traced value of ``node`` (inputs and constants keep theirs in ``meta["example_value"]``)."""
@@ -484,7 +543,7 @@ class _Tracer(fx.Tracer):
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
         if kind == "get_attr" and target in self._attr_nodes:
             return self._attr_nodes[target]
-        if kind in ("call_function", "call_method", "output"):
+        if kind in _CALLS_AND_OUTPUT and (_is_grad_enabled() is not self._grad_enabled or _is_autocast_enabled()):
             self._record_modes()
         if name is None and kind in ("call_function", "call_method"):
             name = self._node_name(target)
@@ -501,22 +560,29 @@ class _Tracer(fx.Tracer):
         if self.nodes % NODE_STRIDE == 0:
             self.progress.traced(self.nodes)
         start = time.perf_counter()
-        with _NO_TORCH_FUNCTION():   # computing a value records nothing (see _RecordRandomOps)
-            value = self._value(node)
-            if kind in ("placeholder", "get_attr"):
-                node.meta["example_value"] = value
-            else:   # the passes read the shape; the value lives while user code holds a proxy of the node
-                node.meta["rel_info"] = value_info(value)
-                self._values[node] = [value, 0]
+        if self.record_random_ops:
+            with _NO_TORCH_FUNCTION():   # computing a value records nothing (see _RecordRandomOps)
+                self._store_value(node, kind)
+        else:
+            self._store_value(node, kind)
         self.value_seconds += time.perf_counter() - start
         if kind in ("call_function", "call_method"):
             node.meta["stack_trace"] = self._stack_trace()
         return node
 
+    def _store_value(self, node: fx.Node, kind: str) -> None:
+        value = self._value(node)
+        if kind in ("placeholder", "get_attr"):
+            node.meta["example_value"] = value
+        else:   # the passes read the shape; the value lives while user code holds a proxy of the node
+            node.meta["rel_info"] = value_info(value)
+            self._values[node] = [value, 0]
+
     def _record_modes(self) -> None:
         """Record where user code switched gradients on or off (``with torch.no_grad():``) as Dynamo
         does, ``torch._C._set_grad_enabled(mode)`` where the mode changes (the ``mode_regions`` pass
-        reads them); refuse autocast, which this tracer cannot record."""
+        reads them); refuse autocast, which this tracer cannot record. (Called by ``create_node``
+        only where either changed: the checks cost a tenth of a microsecond per node.)"""
         grad = torch.is_grad_enabled()
         if grad is not self._grad_enabled:
             fx.Tracer.create_node(self, "call_function", torch._C._set_grad_enabled, (grad,), {})
@@ -551,6 +617,9 @@ class _Tracer(fx.Tracer):
                 fn = node.target
             if not _needs_check(node):
                 return fn(*args, **kwargs)
+            if _is_random(node):   # its value must not draw from the generators: see _trace_and_group
+                with torch.random.fork_rng(devices=_cuda_devices()), self._check:
+                    return fn(*args, **kwargs)
             with self._check:
                 return fn(*args, **kwargs)
         except _DataDependentOp as e:
@@ -734,10 +803,21 @@ def _input_specs(model: nn.Module, example_inputs: Sequence[Any]) -> list[_Input
 def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str], options: Options,
                      detailed: bool, progress: CompileProgress) -> _Traced:
     start = time.perf_counter()
-    tracer = _Tracer(model, inputs, [n.replace("[", "_").replace("]", "") for n in names], progress)
+    names = [n.replace("[", "_").replace("]", "") for n in names]
+    tracer = _Tracer(model, inputs, names, progress)
     progress.start("tracing")
+    generators = _generator_states()
     with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
         graph = tracer.trace(model)
+        # Tracing computes no random value from the generators (see _Tracer._value): a draw means a
+        # random op ran outside the graph (torch.randn(4)), frozen into it as a constant. Trace again,
+        # recording such ops; only models that have them pay for the recording.
+        if any(not torch.equal(a, b) for a, b in zip(generators, _generator_states())):
+            log.info("relational: random numbers were drawn outside the traced graph; tracing again to "
+                     "record the random ops that drew them")
+            _set_generator_states(generators)
+            tracer = _Tracer(model, inputs, names, progress, record_random_ops=True)
+            graph = tracer.trace(model)
     progress.step()
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     leaves, out_spec = pytree.tree_flatten(output.args[0])

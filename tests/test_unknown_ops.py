@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
+from dynamo_relational.frontend import FrontendError
 from tests.conftest import assert_compiled_matches_eager
 from tests.test_frontend import assert_fast_compile_matches_eager
 
@@ -135,6 +136,25 @@ def test_random_ops_draw_eagers_numbers_on_every_call(name, front_end):
         torch.manual_seed(seed)
         want = [model(x), model(x)]
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["dropout", "randn"])
+def test_fast_compile_leaves_the_random_generator_alone(name):
+    """Tracing computes random values on a forked generator (and traces a model whose own code drew
+    numbers again, recording its random ops), so the user's random stream is where it was."""
+    model, x = _model_and_input(RANDOM_BODIES[name])
+    before = torch.random.get_rng_state()
+    dynamo_relational.compile(model, x, inductor=False)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_structure_sampled_with_torch_random_numbers_is_refused():
+    class Shuffled(nn.Module):
+        def forward(self, x):
+            return torch.stack([x[i] for i in torch.randperm(x.shape[0]).tolist()])
+
+    with pytest.raises(FrontendError, match=r"data-dependent control flow at .*test_unknown_ops.py:\d+"):
+        dynamo_relational.compile(Shuffled(), torch.randn(4, 2), inductor=False)
 
 
 def test_random_ops_through_inductor_draw_new_numbers_on_every_call():
