@@ -302,25 +302,29 @@ def _proxies(*groups):
                 yield from (b for b in a if isinstance(b, _ValueProxy))
 
 
-def _random_op_names() -> frozenset[str]:
+@functools.cache
+def _random_ops() -> frozenset[str]:
     """Names of the ops that draw random numbers: ATen ops tagged ``nondeterministic_seeded``
-    (``randn``, ``rand_like``, ``bernoulli``, ``dropout``, ``normal_``, ...), and the dropout
-    variants of ``torch.nn.functional``, which reach ATen under other names."""
-    names = {"dropout1d", "dropout2d", "dropout3d", "feature_alpha_dropout", "rrelu"}
-    for name in dir(torch.ops.aten):
+    (``randn``, ``rand_like``, ``bernoulli``, ``dropout``, ``normal_``, ``random_``, ...), and the
+    dropout variants of ``torch.nn.functional``, which reach ATen under other names. Found once per
+    process, on the first trace (looking at every ATen op takes about 0.3 s)."""
+    names = {"dropout1d", "dropout2d", "dropout3d"}
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, name = qualified.partition("::")
+        name = name.split(".")[0]
+        if namespace != "aten" or name in names:
+            continue
         packet = getattr(torch.ops.aten, name, None)
-        if isinstance(packet, torch._ops.OpOverloadPacket) and any(
-                torch.Tag.nondeterministic_seeded in getattr(packet, overload).tags for overload in packet.overloads()):
+        if packet is not None and any(torch.Tag.nondeterministic_seeded in getattr(packet, overload).tags
+                                      for overload in packet.overloads()):
             names.add(name)
     return frozenset(names)
 
 
-_RANDOM_OPS = _random_op_names()
-
-
-def _is_random(node: fx.Node) -> bool:
+def _is_random(node: fx.Node, appliers) -> bool:
+    """Whether computing ``node`` may draw random numbers: a random op, or a custom autograd Function."""
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
-    return name in _RANDOM_OPS
+    return name in _random_ops() or node.target in appliers
 
 
 def _cuda_devices() -> list[int]:
@@ -365,7 +369,7 @@ class _RecordRandomOps(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__name__", None) in _RANDOM_OPS and next(_proxies(args, kwargs.values()), None) is None:
+        if getattr(func, "__name__", None) in _random_ops() and next(_proxies(args, kwargs.values()), None) is None:
             return self.tracer.record(func, args, kwargs)
         return func(*args, **kwargs)
 
@@ -456,7 +460,7 @@ class _Tracer(fx.Tracer):
         it while tracing, naming the line, instead of letting its numbers be frozen."""
         patched = []
         for namespace in (torch, torch.Tensor):
-            for name in _RANDOM_OPS:
+            for name in _random_ops():
                 original = getattr(namespace, name, None)
                 if callable(original):
                     patched.append((namespace, name, namespace.__dict__.get(name)))
@@ -581,8 +585,8 @@ class _Tracer(fx.Tracer):
     def _record_modes(self) -> None:
         """Record where user code switched gradients on or off (``with torch.no_grad():``) as Dynamo
         does, ``torch._C._set_grad_enabled(mode)`` where the mode changes (the ``mode_regions`` pass
-        reads them); refuse autocast, which this tracer cannot record. (Called by ``create_node``
-        only where either changed: the checks cost a tenth of a microsecond per node.)"""
+        reads them); refuse autocast, which this tracer cannot record. (``create_node`` calls it only
+        where either changed.)"""
         grad = torch.is_grad_enabled()
         if grad is not self._grad_enabled:
             fx.Tracer.create_node(self, "call_function", torch._C._set_grad_enabled, (grad,), {})
@@ -617,7 +621,7 @@ class _Tracer(fx.Tracer):
                 fn = node.target
             if not _needs_check(node):
                 return fn(*args, **kwargs)
-            if _is_random(node):   # its value must not draw from the generators: see _trace_and_group
+            if _is_random(node, self._appliers.values()):   # no draw from the generators (_trace_and_group)
                 with torch.random.fork_rng(devices=_cuda_devices()), self._check:
                     return fn(*args, **kwargs)
             with self._check:
@@ -818,6 +822,11 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
             _set_generator_states(generators)
             tracer = _Tracer(model, inputs, names, progress, record_random_ops=True)
             graph = tracer.trace(model)
+            if any(not torch.equal(a, b) for a, b in zip(generators, _generator_states())):
+                raise FrontendError(
+                    f"{type(model).__name__}.forward draws random numbers outside the traced graph through an op "
+                    "that is not known to be random; dynamo_relational.compile would freeze them. Use torch's "
+                    "random functions, or torch.compile(model, backend=\"relational\").")
     progress.step()
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     leaves, out_spec = pytree.tree_flatten(output.args[0])

@@ -107,6 +107,21 @@ def test_graph_breaks_on_tensor_values_match_eager():
     assert len(report.graphs) > 1
 
 
+class Masked(torch.autograd.Function):
+    """A custom autograd Function that draws random numbers in its forward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        mask = (torch.rand_like(x) > 0.5).to(x.dtype)
+        ctx.save_for_backward(mask)
+        return x * mask
+
+    @staticmethod
+    def backward(ctx, grad):
+        (mask,) = ctx.saved_tensors
+        return grad * mask
+
+
 RANDOM_BODIES = {
     "dropout": lambda m, x, v, h: F.dropout(h, 0.5, training=True),
     "rand_like": lambda m, x, v, h: h * torch.rand_like(x[v]),
@@ -114,6 +129,8 @@ RANDOM_BODIES = {
     "bernoulli_of_a_constant": lambda m, x, v, h: h * torch.bernoulli(torch.full((4,), 0.5, dtype=torch.float64)),
     "uniform_in_place": lambda m, x, v, h: h * torch.empty(4, dtype=torch.float64).uniform_(),
     "randint": lambda m, x, v, h: h * torch.randint(0, 3, (4,)),
+    "random_in_place": lambda m, x, v, h: h * torch.empty(4, dtype=torch.float64).random_(0, 3),
+    "custom_function": lambda m, x, v, h: Masked.apply(h),
     "randperm_index": lambda m, x, v, h: h[torch.randperm(4)],
     "distribution_sample": lambda m, x, v, h: h + torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64),
                                                                             1.0).sample((4,)),
