@@ -63,6 +63,7 @@ import operator
 import os
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -128,6 +129,12 @@ def _innermost_frame(stop) -> tuple[Any, int] | None:
             return frame.f_code, frame.f_lineno
         frame = frame.f_back
     return None
+
+
+def _traceback_frames(error: BaseException) -> list[tuple[Any, int]]:
+    """(code, line) of the user frames an exception passed through, innermost first."""
+    frames = [(frame.f_code, line) for frame, line in traceback.walk_tb(error.__traceback__)]
+    return [f for f in reversed(frames) if not _is_internal(f[0])]
 
 
 def _format_frame(code, line: int) -> str:
@@ -423,6 +430,14 @@ class _Tracer(fx.Tracer):
             recording = _RecordRandomOps(self) if self.record_random_ops else contextlib.nullcontext()
             with _gc_paused(), recording, self._recording_autograd_functions(), self._refusing_own_generators():
                 return super().trace(root, concrete_args)
+        except FrontendError:
+            raise
+        except Exception as e:   # raised by user code (or code it calls) handed a proxy for a tensor
+            raise FrontendError(
+                f"{type(e).__name__} while tracing {_user_line(_traceback_frames(e))}\n{e}\n"
+                "dynamo_relational.compile runs forward on torch.fx proxies: code that needs real tensors "
+                "(torch.func transforms, for one) cannot be traced; use torch.compile(model, "
+                "backend=\"relational\").") from e
         finally:
             self._stop = None
             self._values.clear()

@@ -156,6 +156,15 @@ def test_error_in_user_code_names_the_line():
         dynamo_relational.compile(Bad(), torch.randn(4, 2), inductor=False)
 
 
+def test_code_that_needs_real_tensors_is_a_clear_error_naming_the_line():
+    class Mapped(nn.Module):
+        def forward(self, x):
+            return torch.func.vmap(torch.tanh)(x)   # VMAP
+
+    with pytest.raises(FrontendError, match=r"ValueError while tracing .*test_frontend.py:\d+ in forward: .*# VMAP"):
+        dynamo_relational.compile(Mapped(), torch.randn(4, 2), inductor=False)
+
+
 def test_random_op_with_its_own_generator_is_a_clear_error_naming_the_line():
     class Noisy(nn.Module):
         def __init__(self):
