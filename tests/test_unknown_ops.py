@@ -1,7 +1,8 @@
 """Ops the grouper does not know (views, dtype changes, integer, comparison and sorting ops, random
-ops) and graph breaks: every model computes eager's numbers and gradients, through the Dynamo backend
-and the fast front-end; the known ops around them are still grouped, and the unknown ones are left
-ungrouped with a reason."""
+ops, custom autograd Functions), graph breaks and low-precision models: every model computes eager's
+numbers and gradients (or, in bfloat16/float16, numbers at least as close to float64 as eager's),
+through the Dynamo backend and the fast front-end; the known ops around the unknown ones are still
+grouped, and the unknown ones are left ungrouped with a reason."""
 import pytest
 import torch
 import torch.nn.functional as F
