@@ -376,9 +376,13 @@ class _RecordRandomOps(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__name__", None) in _random_ops() and next(_proxies(args, kwargs.values()), None) is None:
+        if getattr(func, "__name__", None) in _random_ops() and not _has_proxy(args, kwargs):
             return self.tracer.record(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+def _has_proxy(args: tuple, kwargs: dict) -> bool:
+    return next(_proxies(args, kwargs.values()), None) is not None
 
 
 def _in_place(target):
@@ -452,7 +456,7 @@ class _Tracer(fx.Tracer):
         tracer = self
 
         def apply(cls, *args, **kwargs):
-            if next(_proxies(args, kwargs.values()), None) is None:
+            if not _has_proxy(args, kwargs):
                 return original.__get__(None, cls)(*args, **kwargs)
             applier = tracer._appliers.get(cls)
             if applier is None:

@@ -1,6 +1,8 @@
 """Shared checks: a compiled model must equal eager, outputs and gradients."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -29,6 +31,26 @@ def assert_compiled_matches_eager(model: torch.nn.Module, *inputs: torch.Tensor,
         else:
             torch.testing.assert_close(g, w, **TOLERANCE[dtype])
     return report
+
+
+def assert_as_close_to_float64_as_eager(compiled, model: torch.nn.Module, exact: torch.nn.Module, x: torch.Tensor,
+                                        x64: torch.Tensor, under=contextlib.nullcontext):
+    """In low precision a compiled model rounds differently from eager: compare both with ``exact``, the
+    model's float64 twin, instead. The compiled outputs and gradients (run, like eager's, inside
+    ``under()``) must be as close to it as eager's, or closer (the largest relative error over the
+    output and each parameter's gradient)."""
+    def outputs_and_gradients(fn, module, inputs):
+        out = fn(inputs.clone().requires_grad_())
+        return [out.double()] + [g.double() for g in torch.autograd.grad(out.float().sum(), list(module.parameters()))]
+
+    want = outputs_and_gradients(exact, exact, x64)
+
+    def error(fn):
+        with under():
+            values = outputs_and_gradients(fn, model, x)
+        return max(((v - w).abs().max() / w.abs().max()).item() for v, w in zip(values, want))
+
+    assert error(compiled) <= error(model)
 
 
 @pytest.fixture(autouse=True)

@@ -7,18 +7,25 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import assert_compiled_matches_eager
+from tests.conftest import assert_as_close_to_float64_as_eager, assert_compiled_matches_eager
 from tests.test_frontend import assert_fast_compile_matches_eager
 
 NEIGHBORS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4]]
 
 
-class NoGradTargets(nn.Module):
+class OneWeight(nn.Module):
+    """A model whose neurons share one weight ``W`` (a subclass writes ``forward``)."""
+
+    def __init__(self, dtype=torch.float64):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(4, 4, dtype=dtype) / 2)
+
+
+class NoGradTargets(OneWeight):
     """Per neuron, a target computed under ``no_grad`` (no gradient reaches ``V``) scales a message."""
 
     def __init__(self, tuple_item: bool = False):
         super().__init__()
-        self.W = nn.Parameter(torch.randn(4, 4, dtype=torch.float64) / 2)
         self.V = nn.Parameter(torch.randn(4, 4, dtype=torch.float64) / 2)
         self.tuple_item = tuple_item
 
@@ -86,11 +93,7 @@ def test_fast_front_end_compiled_without_gradients_then_trained_keeps_no_grad_bl
     _assert_no_gradient_reaches_v(compiled, model, _input())
 
 
-class EnableGradInside(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.W = nn.Parameter(torch.randn(4, 4, dtype=torch.float64) / 2)
-
+class EnableGradInside(OneWeight):
     def forward(self, x):
         rows = []
         for nbrs in NEIGHBORS:
@@ -109,11 +112,7 @@ def test_gradients_switched_on_in_a_graph_without_them_keep_the_order():
     assert any("grad mode switched on" in reason for reason in report.graphs[0].ungrouped)
 
 
-class InPlaceInNoGrad(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.W = nn.Parameter(torch.randn(4, 4, dtype=torch.float64) / 2)
-
+class InPlaceInNoGrad(OneWeight):
     def forward(self, x):
         with torch.no_grad():
             scales = torch.ones_like(x)
@@ -131,10 +130,9 @@ def test_in_place_ops_in_a_no_grad_block_keep_the_order_and_match_eager():
     assert any("in-place" in reason for reason in report.graphs[0].ungrouped)
 
 
-class AutocastInside(nn.Module):
+class AutocastInside(OneWeight):
     def __init__(self):
-        super().__init__()
-        self.W = nn.Parameter(torch.randn(4, 4) / 2)
+        super().__init__(torch.float32)
 
     def forward(self, x):
         rows = []
@@ -153,7 +151,8 @@ def test_autocast_blocks_through_the_backend_keep_the_order(inductor):
     got = report.compiled(x)
     want = model(x)
     torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2)   # bfloat16 rounding, summed in another order
-    assert any("mode switch _enter_autocast" in reason for reason in report.graphs[0].ungrouped), report.graphs[0].ungrouped
+    reasons = report.graphs[0].ungrouped
+    assert any("mode switch _enter_autocast" in reason for reason in reasons), reasons
 
 
 def test_autocast_in_the_fast_front_end_is_a_clear_error_naming_the_line():
@@ -161,11 +160,7 @@ def test_autocast_in_the_fast_front_end_is_a_clear_error_naming_the_line():
         dynamo_relational.compile(AutocastInside(), torch.randn(len(NEIGHBORS), 4), inductor=False)
 
 
-class InferenceModeInside(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.W = nn.Parameter(torch.randn(4, 4, dtype=torch.float64) / 2)
-
+class InferenceModeInside(OneWeight):
     def forward(self, x):
         rows = []
         for nbrs in NEIGHBORS:
@@ -201,18 +196,6 @@ def test_autocast_around_the_backend_call_is_as_accurate_as_eager(inductor):
     exact = ScalarGCN(batch, batch.x.shape[1]).double()
     model = ScalarGCN(batch, batch.x.shape[1])
     model.load_state_dict(exact.state_dict())
-
-    def outputs_and_gradients(fn, module, x):
-        out = fn(x.clone().requires_grad_())
-        return [out.double()] + [g.double() for g in torch.autograd.grad(out.float().sum(), list(module.parameters()))]
-
-    want = outputs_and_gradients(exact, exact, batch.x)
-
-    def error(values):
-        return max(((v - w).abs().max() / w.abs().max()).item() for v, w in zip(values, want))
-
     compiled = torch.compile(model, backend="relational", options={"inductor": inductor})
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = outputs_and_gradients(compiled, model, batch.x.float())
-        eager = outputs_and_gradients(model, model, batch.x.float())
-    assert error(got) <= error(eager)
+    assert_as_close_to_float64_as_eager(compiled, model, exact, batch.x.float(), batch.x,
+                                        under=lambda: torch.autocast("cpu", dtype=torch.bfloat16))

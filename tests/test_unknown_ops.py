@@ -10,7 +10,7 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import assert_compiled_matches_eager
+from tests.conftest import assert_as_close_to_float64_as_eager, assert_compiled_matches_eager
 from tests.test_frontend import assert_fast_compile_matches_eager
 
 NEIGHBORS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4]]
@@ -183,11 +183,6 @@ def test_random_ops_through_inductor_draw_new_numbers_on_every_call():
     assert any("randn" in reason for reason in report.ungrouped)
 
 
-def _outputs_and_gradients(fn, model, x):
-    out = fn(x.clone().requires_grad_())
-    return [out.double()] + [g.double() for g in torch.autograd.grad(out.sum(), list(model.parameters()))]
-
-
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_models_on_cpu_are_as_accurate_as_eager(dtype, front_end):
@@ -199,7 +194,6 @@ def test_low_precision_models_on_cpu_are_as_accurate_as_eager(dtype, front_end):
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", 4)
     exact = ScalarGCN(batch, batch.x.shape[1]).double()
-    want = _outputs_and_gradients(exact, exact, batch.x.double())
     model = ScalarGCN(batch, batch.x.shape[1])
     model.load_state_dict(exact.state_dict())
     model, x = model.to(dtype), batch.x.to(dtype)
@@ -207,11 +201,7 @@ def test_low_precision_models_on_cpu_are_as_accurate_as_eager(dtype, front_end):
         compiled = dynamo_relational.compile(model, x, inductor=False)
     else:
         compiled = torch.compile(model, backend="relational", options={"inductor": False})
-
-    def error(values):
-        return max(((v - w).abs().max() / w.abs().max()).item() for v, w in zip(values, want))
-
-    assert error(_outputs_and_gradients(compiled, model, x)) <= error(_outputs_and_gradients(model, model, x))
+    assert_as_close_to_float64_as_eager(compiled, model, exact, x, batch.x.double())
 
 
 class Doubled(torch.autograd.Function):
