@@ -476,7 +476,8 @@ class _Tracer(fx.Tracer):
     def _refusing_own_generators(self):
         """A random op given its own ``generator=`` draws from a generator this tracer does not watch
         (see :func:`_trace_and_group`): the random functions of ``torch`` and ``torch.Tensor`` refuse
-        it while tracing, naming the line, instead of letting its numbers be frozen."""
+        it while tracing, naming the line, instead of letting its numbers be frozen. (The patch is
+        process-wide: another thread passing ``generator=`` during a trace is refused too.)"""
         patched = []
         for namespace in (torch, torch.Tensor):
             for name in _random_ops():
