@@ -143,7 +143,9 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Op
 def _compile_grouped(grouped: fx.GraphModule, report: GraphReport, example_inputs: Sequence[Any],
                      options: Options) -> CompiledGraph:
     if options.inductor:
-        fn = compile_static(grouped, example_inputs, options, report)
+        # Dynamo guards on the grad mode: the code runs in the mode it is compiled in, so it is timed in it
+        # (a graph that registers a gradient hook on an intermediate cannot even run without gradients)
+        fn = compile_static(grouped, example_inputs, options, report, grad=torch.is_grad_enabled())
     else:
         fn = grouped
         report.timings["no_inductor"] = 0.0   # nothing compiled (the key keeps it out of the passes' times)

@@ -49,7 +49,10 @@ Dynamo's format (the grouping's code-site hint).
 
 Modules are traced through, not kept as leaves, so ``nn.Linear`` appears as
 ``F.linear`` and activations as ``torch.relu`` etc., which the grouping
-catalog understands. Module hooks run as in eager.
+catalog understands. Forward hooks and pre-hooks of modules run as in eager (registering or
+removing one after compiling traces again); module backward hooks and global module hooks are a
+:class:`FrontendError` (see :func:`_refuse_unrecorded_hooks`). Inside ``torch.func`` transforms
+the model runs eagerly.
 """
 from __future__ import annotations
 
@@ -70,6 +73,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.nn.modules import module as _nn_module
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.overrides import TorchFunctionMode, is_tensor_method_or_property
 from torch.utils import _pytree as pytree
@@ -726,7 +730,8 @@ class RelationalModule(nn.Module):
         self.detailed = detailed
         self._specs = _input_specs(model, example_inputs)
         self._example_inputs = [t.detach() for t in example_inputs]
-        self._traced: dict[tuple[bool, ...], _Traced] = {}
+        self._traced: dict[tuple, _Traced] = {}   # by _state()
+        self._warned_torch_func = False
         self._variant(list(example_inputs))   # trace, group and compile now
 
     @property
@@ -742,7 +747,7 @@ class RelationalModule(nn.Module):
 
     def _current(self) -> _Traced:
         """The graph of the modules' train/eval state; the latest one if that state was not run yet."""
-        return self._traced.get(self._mode()) or list(self._traced.values())[-1]
+        return self._traced.get(self._state()) or list(self._traced.values())[-1]
 
     def forward(self, *args: torch.Tensor, **kwargs: Any) -> Any:
         if kwargs:
@@ -750,14 +755,36 @@ class RelationalModule(nn.Module):
             raise FrontendError(f"compiled {type(self.model).__name__} takes its inputs positionally, as compiled: "
                                 f"({names}); got keywords {sorted(kwargs)}")
         self._check_inputs(args)
+        if torch._C._functorch.peek_interpreter_stack() is not None:
+            return self._run_eagerly_under_torch_func(args)
         traced, fn = self._variant(args)
         flat = list(fn(*args))
         for position, value in traced.constants.items():
             flat.insert(position, value)
         return pytree.tree_unflatten(flat, traced.out_spec)
 
-    def _mode(self) -> tuple[bool, ...]:
-        return tuple(m.training for m in self.model.modules())
+    def _state(self) -> tuple:
+        """What a traced graph depends on besides the inputs: each module's train/eval flag, and the
+        module hooks (by handle id, so registering or removing one changes it), which tracing ran."""
+        modules = list(self.model.modules())
+        hooks = None
+        if any([m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks or m._backward_hooks
+                for m in modules]) or any(_global_hooks()):   # rarely: the ids only then
+            hooks = tuple(tuple(h) for m in modules
+                          for h in (m._forward_pre_hooks, m._forward_hooks, m._backward_pre_hooks, m._backward_hooks))
+            hooks += tuple(tuple(h) for h in _global_hooks())
+        return tuple([m.training for m in modules]), hooks
+
+    def _run_eagerly_under_torch_func(self, args: Sequence[torch.Tensor]) -> Any:
+        """Inside ``torch.func.grad``, ``vmap``, ``jvp`` and the like, run the model itself. The compiled
+        code cannot run there: its custom ops and AOT autograd's functions do not implement the
+        transforms (``torch.func.grad`` fails with "must override the setup_context staticmethod").
+        ``torch.compile(model, backend="relational")`` traces the transforms and compiles them."""
+        if not self._warned_torch_func:
+            self._warned_torch_func = True
+            log.warning("relational: compiled %s called inside a torch.func transform; running the model eagerly "
+                        "(torch.compile(model, backend=\"relational\") compiles such calls)", type(self.model).__name__)
+        return self.model(*args)
 
     def _check_inputs(self, args: Sequence[Any]) -> None:
         if len(args) != len(self._specs):
@@ -775,14 +802,14 @@ class RelationalModule(nn.Module):
 
     def _variant(self, args: Sequence[torch.Tensor]) -> tuple[_Traced, Callable]:
         """The compiled graph for the modules' train/eval state and the autograd need of this call."""
-        mode = self._mode()
-        traced = self._traced.get(mode)
+        state = self._state()
+        traced = self._traced.get(state)
         if traced is None:
             if self._traced:
-                log.warning("relational: %s switched train/eval mode; tracing and compiling it again",
-                            type(self.model).__name__)
+                log.warning("relational: %s switched train/eval mode or its module hooks changed; tracing and "
+                            "compiling it again", type(self.model).__name__)
             with compile_progress(self.options.progress) as progress:
-                traced = self._traced[mode] = _trace_and_group(self.model, self._example_inputs,
+                traced = self._traced[state] = _trace_and_group(self.model, self._example_inputs,
                                                                [s.name for s in self._specs], self.options,
                                                                self.detailed, progress)
         if not self.options.inductor:
@@ -802,6 +829,12 @@ class RelationalModule(nn.Module):
             if shared:
                 traced.shared.add(key)
         return traced, fn
+
+
+def _global_hooks() -> tuple[dict, ...]:
+    """The hooks registered for every module (``nn.modules.module.register_module_forward_hook`` etc.)."""
+    return (_nn_module._global_forward_pre_hooks, _nn_module._global_forward_hooks,
+            _nn_module._global_backward_pre_hooks, _nn_module._global_backward_hooks)
 
 
 def _input_specs(model: nn.Module, example_inputs: Sequence[Any]) -> list[_InputSpec]:
@@ -824,9 +857,27 @@ def _input_specs(model: nn.Module, example_inputs: Sequence[Any]) -> list[_Input
     return specs
 
 
+def _refuse_unrecorded_hooks(model: nn.Module) -> None:
+    """Hooks that tracing cannot record, refused rather than dropped or doubled: module backward hooks
+    (``register_full_backward_hook``) wrap a call's tensors in an autograd Function, which skips
+    proxies; global module hooks (``nn.modules.module.register_module_forward_hook`` and the like)
+    would also run on the modules that the compiled module calls, itself included."""
+    if any(_global_hooks()):
+        raise FrontendError(f"{type(model).__name__}: global module hooks (torch.nn.modules.module."
+                            "register_module_*_hook) are not supported by dynamo_relational.compile: they would "
+                            "also run on the modules it calls. Register the hook on the model's own modules.")
+    hooked = [f"{name or 'the model'} ({type(m).__name__})" for name, m in model.named_modules()
+              if m._backward_hooks or m._backward_pre_hooks]
+    if hooked:
+        raise FrontendError(f"{type(model).__name__}: module backward hooks are not recorded by "
+                            f"dynamo_relational.compile, on {', '.join(hooked)}. Remove them, or use "
+                            "torch.compile(model, backend=\"relational\"), which runs them.")
+
+
 def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str], options: Options,
                      detailed: bool, progress: CompileProgress) -> _Traced:
     start = time.perf_counter()
+    _refuse_unrecorded_hooks(model)
     names = [n.replace("[", "_").replace("]", "") for n in names]
     tracer = _Tracer(model, inputs, names, progress)
     progress.start("tracing")
