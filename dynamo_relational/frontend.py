@@ -746,7 +746,8 @@ class RelationalModule(nn.Module):
         return self._current().graph
 
     def _current(self) -> _Traced:
-        """The graph of the modules' train/eval state; the latest one if that state was not run yet."""
+        """The graph of the modules' current state (see :meth:`_state`); the latest one if that state was
+        not run yet."""
         return self._traced.get(self._state()) or list(self._traced.values())[-1]
 
     def forward(self, *args: torch.Tensor, **kwargs: Any) -> Any:
@@ -801,7 +802,7 @@ class RelationalModule(nn.Module):
                     "The compiled graph is specialized to the example inputs; compile again for other shapes.")
 
     def _variant(self, args: Sequence[torch.Tensor]) -> tuple[_Traced, Callable]:
-        """The compiled graph for the modules' train/eval state and the autograd need of this call."""
+        """The compiled graph for the modules' state (see :meth:`_state`) and the autograd need of this call."""
         state = self._state()
         traced = self._traced.get(state)
         if traced is None:

@@ -22,9 +22,9 @@ class Options:
     #: Choose by timing on this machine. The ``linear_layout`` pass times each
     #: large ``linear`` in its two memory layouts (on CPU); with Inductor on, the
     #: grouped graph run as plain ATen calls is timed against Inductor's code on
-    #: the example inputs (the forward pass, in the grad mode the code serves) and the faster kept: on CPU, graphs
-    #: of a few large gathers, products and segment reductions often run faster
-    #: unfused. Choices and times are in the report (``stats["executor"]``,
+    #: the example inputs (the forward pass, in the grad mode the code serves) and
+    #: the faster kept: on CPU, graphs of a few large gathers, products and
+    #: segment reductions often run faster unfused. Choices and times are in the report (``stats["executor"]``,
     #: ``stats["linear_layout"]``; printed by ``explain()``). The timing costs a
     #: few runs of the graph, and of each distinct linear shape, at compile time.
     autotune: bool = True
