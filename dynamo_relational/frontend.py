@@ -768,13 +768,9 @@ class RelationalModule(nn.Module):
         """What a traced graph depends on besides the inputs: each module's train/eval flag, and the
         module hooks (by handle id, so registering or removing one changes it), which tracing ran."""
         modules = list(self.model.modules())
-        hooks = None
-        if any([m._forward_pre_hooks or m._forward_hooks or m._backward_pre_hooks or m._backward_hooks
-                for m in modules]) or any(_global_hooks()):   # rarely: the ids only then
-            hooks = tuple(tuple(h) for m in modules
-                          for h in (m._forward_pre_hooks, m._forward_hooks, m._backward_pre_hooks, m._backward_hooks))
-            hooks += tuple(tuple(h) for h in _global_hooks())
-        return tuple([m.training for m in modules]), hooks
+        hooks = [h for m in modules for h in _module_hooks(m)] + list(_global_hooks())
+        ids = tuple(tuple(h) for h in hooks) if any(hooks) else None   # rarely any: tuples only then
+        return tuple([m.training for m in modules]), ids
 
     def _run_eagerly_under_torch_func(self, args: Sequence[torch.Tensor]) -> Any:
         """Inside ``torch.func.grad``, ``vmap``, ``jvp`` and the like, run the model itself. The compiled
@@ -830,6 +826,11 @@ class RelationalModule(nn.Module):
             if shared:
                 traced.shared.add(key)
         return traced, fn
+
+
+def _module_hooks(module: nn.Module) -> tuple[dict, ...]:
+    """The hooks that run when ``module`` is called, by kind (handle id -> hook)."""
+    return module._forward_pre_hooks, module._forward_hooks, module._backward_pre_hooks, module._backward_hooks
 
 
 def _global_hooks() -> tuple[dict, ...]:

@@ -24,9 +24,10 @@ class Options:
     #: grouped graph run as plain ATen calls is timed against Inductor's code on
     #: the example inputs (the forward pass, in the grad mode the code serves) and
     #: the faster kept: on CPU, graphs of a few large gathers, products and
-    #: segment reductions often run faster unfused. Choices and times are in the report (``stats["executor"]``,
-    #: ``stats["linear_layout"]``; printed by ``explain()``). The timing costs a
-    #: few runs of the graph, and of each distinct linear shape, at compile time.
+    #: segment reductions often run faster unfused. Choices and times are in
+    #: the report (``stats["executor"]``, ``stats["linear_layout"]``; printed by
+    #: ``explain()``). The timing costs a few runs of the graph, and of each
+    #: distinct linear shape, at compile time.
     autotune: bool = True
     #: Fast front-end (:func:`dynamo_relational.compile`): share compiled code
     #: between graphs whose grouped graphs have the same ops (another batch,

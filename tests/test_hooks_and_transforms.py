@@ -9,7 +9,8 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import TOLERANCE
+from tests.conftest import TOLERANCE, assert_compiled_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager
 
 NBRS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4], [1]]
 EXACT = TOLERANCE[torch.float64]
@@ -94,8 +95,7 @@ def test_fast_compile_runs_module_hooks_registered_before_compiling():
     model, x = TwoLayers(), _x()
     handles = [HOOKS[hook](model) for hook in sorted(HOOKS)]
     try:
-        compiled = dynamo_relational.compile(model, x, strict=True)
-        _assert_same(_outputs_and_gradients(compiled, model, x), _outputs_and_gradients(model, model, x))
+        assert_fast_compile_matches_eager(model, x)
     finally:
         for handle in handles:
             handle.remove()
@@ -136,8 +136,7 @@ def test_module_backward_hooks_are_a_clear_error_in_the_fast_front_end_and_run_t
     try:
         with pytest.raises(FrontendError, match=rf"module backward hooks are not recorded .*{where}"):
             dynamo_relational.compile(model, x)
-        compiled = torch.compile(model, backend="relational", options={"strict": True})
-        _assert_same(_outputs_and_gradients(compiled, model, x), _outputs_and_gradients(model, model, x))
+        assert_compiled_matches_eager(model, x)
     finally:
         handle.remove()
 
@@ -163,9 +162,7 @@ def test_tensor_hooks_on_intermediates_run_through_dynamo(inductor):
     """The executor choice times the forward in the grad mode it was compiled in: without gradients, the
     graph's ``register_hook`` calls would fail on tensors that need none."""
     torch.manual_seed(0)
-    model, x = TensorHooks(), _x()
-    compiled = torch.compile(model, backend="relational", options={"strict": True, "inductor": inductor})
-    _assert_same(_outputs_and_gradients(compiled, model, x), _outputs_and_gradients(model, model, x))
+    assert_compiled_matches_eager(TensorHooks(), _x(), inductor=inductor)
 
 
 def test_tensor_hooks_are_a_clear_error_in_the_fast_front_end():
