@@ -16,8 +16,8 @@ sizes this prints the median time of
   ``options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}``
   (no guards on the modules' attributes, so none on the structure),
 * ``dynamo_relational.compile`` (the fast front-end: no guards; it checks
-  the inputs' shapes, dtypes and devices, and the modules' train/eval flags
-  and hooks),
+  the inputs' shapes, dtypes and devices, the modules' train/eval flags
+  and hooks, and which module, parameter and buffer objects it has),
 
 and the guard overhead (whole call minus graph alone) per call and per graph neuron.
 """

@@ -185,17 +185,19 @@ def choose_executor(inductor_fn: Callable, aten: fx.GraphModule, inputs: Sequenc
     if not (options.autotune and report.vectorized_groups and real):
         return inductor_fn
     from .autotune import fastest
+    from .trial_runs import leaving_no_trace
 
     start = time.perf_counter()
     # the bound ``forward`` skips ``nn.Module.__call__`` (hook checks) on every call
-    aten = aten_executor(aten).forward
-    choice, medians = fastest({"inductor": inductor_fn, "aten": aten}, inputs, grad)
+    executor = aten_executor(aten).forward
+    with leaving_no_trace(aten, inputs):   # the timed runs must not advance buffers or random generators
+        choice, medians = fastest({"inductor": inductor_fn, "aten": executor}, inputs, grad)
     report.timings["autotune"] = time.perf_counter() - start
     report.stats["executor"] = choice
     report.stats.setdefault("executors", {})["grad" if grad else "no_grad"] = choice
     report.stats["executor_ms"] = medians
     log.info("relational: runs the grouped graph with %s (measured ms: %s)", choice, medians)
-    return aten if choice == "aten" else inductor_fn
+    return executor if choice == "aten" else inductor_fn
 
 
 def aten_executor(gm: fx.GraphModule) -> fx.GraphModule:

@@ -701,7 +701,7 @@ class _InputSpec:
 
 @dataclass
 class _Traced:
-    """One grouped graph (per train/eval state of the modules) and its compilations."""
+    """One grouped graph (per state of the modules: :meth:`RelationalModule._state`) and its compilations."""
     graph: fx.GraphModule
     report: GraphReport
     out_spec: pytree.TreeSpec
@@ -765,12 +765,15 @@ class RelationalModule(nn.Module):
         return pytree.tree_unflatten(flat, traced.out_spec)
 
     def _state(self) -> tuple:
-        """What a traced graph depends on besides the inputs: each module's train/eval flag, and the
-        module hooks (by handle id, so registering or removing one changes it), which tracing ran."""
+        """What a traced graph depends on besides the inputs: each module's train/eval flag; the module
+        hooks (by handle id, so registering or removing one changes it), which tracing ran; and the
+        modules, parameters and buffers themselves (by identity), which the graph calls and reads
+        (``m.weight = nn.Parameter(...)`` or ``load_state_dict(..., assign=True)`` replace them)."""
         modules = list(self.model.modules())
         hooks = [h for m in modules for h in _module_hooks(m)] + list(_global_hooks())
         ids = tuple(tuple(h) for h in hooks) if any(hooks) else None   # rarely any: tuples only then
-        return tuple([m.training for m in modules]), ids
+        objects = [id(x) for m in modules for x in (m, *m._parameters.values(), *m._buffers.values())]
+        return tuple([m.training for m in modules]), ids, tuple(objects)
 
     def _run_eagerly_under_torch_func(self, args: Sequence[torch.Tensor]) -> Any:
         """Inside ``torch.func.grad``, ``vmap``, ``jvp`` and the like, run the model itself. The compiled
@@ -803,8 +806,8 @@ class RelationalModule(nn.Module):
         traced = self._traced.get(state)
         if traced is None:
             if self._traced:
-                log.warning("relational: %s switched train/eval mode or its module hooks changed; tracing and "
-                            "compiling it again", type(self.model).__name__)
+                log.warning("relational: %s switched train/eval mode, or its module hooks, modules, parameters or "
+                            "buffers changed; tracing and compiling it again", type(self.model).__name__)
             with compile_progress(self.options.progress) as progress:
                 traced = self._traced[state] = _trace_and_group(self.model, self._example_inputs,
                                                                [s.name for s in self._specs], self.options,

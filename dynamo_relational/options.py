@@ -27,7 +27,9 @@ class Options:
     #: segment reductions often run faster unfused. Choices and times are in
     #: the report (``stats["executor"]``, ``stats["linear_layout"]``; printed by
     #: ``explain()``). The timing costs a few runs of the graph, and of each
-    #: distinct linear shape, at compile time.
+    #: distinct linear shape, at compile time. Those runs leave no trace: buffers,
+    #: parameters and inputs they change (BatchNorm's running statistics) and the
+    #: random generators are put back (``dynamo_relational/trial_runs.py``).
     autotune: bool = True
     #: Fast front-end (:func:`dynamo_relational.compile`): share compiled code
     #: between graphs whose grouped graphs have the same ops (another batch,

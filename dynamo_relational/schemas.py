@@ -25,6 +25,7 @@ import torch.fx as fx
 from .backend import choose_executor, compile_static, without_autograd_cache_if_tagged
 from .options import Options
 from .report import GraphReport
+from .trial_runs import leaving_no_trace
 
 log = logging.getLogger("dynamo_relational")
 
@@ -208,7 +209,7 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
         # only the small grouped graph.
         compiled = torch.compile(lifted.graph, backend=_inductor_with_tags(lifted.recompute), dynamic=True)
         try:
-            with torch.set_grad_enabled(grad):
+            with torch.set_grad_enabled(grad), leaving_no_trace(lifted.graph, args):   # compiles; state stays
                 compiled(*args)
         except Exception:
             log.warning("relational: compiling the grouped graph with dynamic sizes failed; compiling it for "

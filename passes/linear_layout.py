@@ -125,11 +125,12 @@ def _measure(m: int, k: int, n: int, has_bias: bool, x_grad: bool, contiguous: b
         with torch.enable_grad():   # (the graph may be compiled under no_grad, an inference call)
             form().backward(grad)
 
+    own = torch.Generator().manual_seed(0)   # not the default one: compiling leaves the user's random stream alone
     with unset_fake_temporarily():   # real tensors even when called inside TorchDynamo's compilation
-        x = torch.randn(m, k, dtype=dtype, requires_grad=x_grad)
-        weight = torch.randn(n, k, dtype=dtype, requires_grad=True)
-        bias = torch.randn(n, dtype=dtype, requires_grad=True) if has_bias else None
-        grad = torch.randn(m, n, dtype=dtype)
+        x = torch.randn(m, k, dtype=dtype, generator=own).requires_grad_(x_grad)
+        weight = torch.randn(n, k, dtype=dtype, generator=own).requires_grad_()
+        bias = torch.randn(n, dtype=dtype, generator=own).requires_grad_() if has_bias else None
+        grad = torch.randn(m, n, dtype=dtype, generator=own)
         times = median_ms({"plain": lambda: both(plain), "transposed": lambda: both(transposed)}, ROUNDS)
     return times["plain"], times["transposed"]
 

@@ -217,6 +217,38 @@ def test_train_and_eval_modes_are_traced_separately():
     torch.testing.assert_close(compiled(x), model(x))
 
 
+@pytest.mark.parametrize("change", ["parameter", "load_state_dict_assign", "buffer", "submodule"])
+def test_replaced_parameters_buffers_and_modules_are_traced_again(change):
+    """The graph reads the parameter and buffer objects it was traced with: after one is replaced, the next
+    call traces again (and the gradients reach the new parameters)."""
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, dtype=torch.float64)
+            self.register_buffer("shift", torch.zeros(3, dtype=torch.float64))
+
+        def forward(self, x):
+            return torch.stack([torch.tanh(self.lin(x[v])) + self.shift for v in range(x.shape[0])])
+
+    torch.manual_seed(0)
+    model, x = Shifted(), torch.randn(4, 3, dtype=torch.float64)
+    compiled = dynamo_relational.compile(model, x, inductor=False)
+    compiled(x)
+    if change == "parameter":
+        model.lin.weight = nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
+    elif change == "load_state_dict_assign":
+        model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()}, assign=True)
+    elif change == "buffer":
+        model.shift = torch.ones(3, dtype=torch.float64)
+    else:
+        model.lin = nn.Linear(3, 3, dtype=torch.float64)
+    got, want = compiled(x), model(x)
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+    got_grads = torch.autograd.grad(got.sum(), list(model.parameters()))
+    want_grads = torch.autograd.grad(want.sum(), list(model.parameters()))
+    torch.testing.assert_close(got_grads, want_grads, **TOLERANCE[torch.float64])
+
+
 def test_training_through_inductor_matches_eager():
     """20 Adam steps over model.parameters(); the first step's gradients equal eager's exactly."""
     torch.manual_seed(0)

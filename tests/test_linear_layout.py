@@ -112,6 +112,15 @@ def test_real_timing_decides_and_matches_eager(monkeypatch):
     assert list(linear_layout._MEASURED) == [(128, 16, 16, True, False, True, torch.float32)]   # rows rounded up
 
 
+def test_timing_leaves_the_random_generator_alone(monkeypatch):
+    monkeypatch.setattr(linear_layout, "_MEASURED", {})
+    model, x = RowsThenSum(96), torch.randn(96, 16)
+    before = torch.random.get_rng_state()
+    compiled = dynamo_relational.compile(model, x, inductor=False)
+    assert [c["shape"] for c in compiled.report.graphs[0].stats["linear_layout"]] == ["96x16x16"]   # timed
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
 def test_choices_are_printed_by_explain(forced):
     forced(plain=1.0, transposed=0.5)
     report = dynamo_relational.explain(RowsThenSum(96), torch.randn(96, 16), inductor=False, strict=True)

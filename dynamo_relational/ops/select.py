@@ -10,7 +10,6 @@ from __future__ import annotations
 import operator
 from typing import Sequence
 
-import torch
 import torch.fx as fx
 
 from .base import NeuronOp, OpFamily, register, tensor_info

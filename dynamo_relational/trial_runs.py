@@ -1,0 +1,46 @@
+"""Runs of a graph made while compiling it leave no trace.
+
+Compiling runs the grouped graph on the caller's real tensors: the executor
+choice times its forward a few rounds (:mod:`dynamo_relational.autotune`),
+and code shared across groundings is compiled by a first call
+(:mod:`dynamo_relational.schemas`). A graph can change state: running
+statistics that ``F.batch_norm`` updates, ``self.steps += 1`` on a buffer,
+an in-place op on an input, draws from the random generators. Those runs
+would advance that state once per run, unseen by the caller: BatchNorm's
+running mean would be off after the first call. :func:`leaving_no_trace`
+puts it back.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def leaving_no_trace(graph: nn.Module, inputs: Sequence[Any]) -> Iterator[None]:
+    """Run ``graph`` on ``inputs`` inside as often as needed: on exit every tensor it can reach (its
+    parameters and buffers, the tensor inputs) has its value from before again, and the default random
+    generators (CPU, and the inputs' CUDA devices) their state.
+
+    Only tensors whose value changed are written back, so the others keep their version counters
+    (an autograd graph the caller built from them stays valid). Costs one copy of those tensors."""
+    reachable = {id(t): t for t in (*graph.parameters(), *graph.buffers(), *inputs) if isinstance(t, torch.Tensor)}
+    saved = [(t, t.detach().clone()) for t in reachable.values()]
+    devices = sorted({t.device.index or 0 for t in reachable.values() if t.is_cuda})
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for tensor, before in saved:
+                    if not _unchanged(tensor, before):
+                        tensor.copy_(before)
+
+
+def _unchanged(tensor: torch.Tensor, before: torch.Tensor) -> bool:
+    if tensor.layout is not torch.strided:   # (sparse buffers: compared through their dense form)
+        tensor, before = tensor.to_dense(), before.to_dense()
+    return torch.equal(tensor, before)
