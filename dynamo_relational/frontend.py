@@ -436,7 +436,8 @@ class _Tracer(fx.Tracer):
         self._stop = sys._getframe()
         try:
             recording = _RecordRandomOps(self) if self.record_random_ops else contextlib.nullcontext()
-            with _gc_paused(), recording, self._recording_autograd_functions(), self._refusing_own_generators():
+            with _gc_paused(), recording, self._recording_autograd_functions(), self._refusing_own_generators(), \
+                    self._refusing_traced_attributes():
                 return super().trace(root, concrete_args)
         except FrontendError:
             raise
@@ -475,6 +476,30 @@ class _Tracer(fx.Tracer):
             yield
         finally:
             torch.autograd.Function.apply = original
+
+    @contextlib.contextmanager
+    def _refusing_traced_attributes(self):
+        """``self.steps = self.steps + 1`` in ``forward`` would store a proxy in the model, which the model
+        could not run with afterwards, and the trace would not replay the assignment on later calls: it
+        is refused while tracing, naming the line, before the model is changed. (``nn.Module.__setattr__``
+        is patched while tracing, process-wide, as for the random functions below.)"""
+        original = nn.Module.__setattr__
+        tracer = self
+
+        def __setattr__(module, name, value):
+            if _has_proxy((value,), {}):
+                raise FrontendError(
+                    f"{type(module).__name__}.{name} is assigned a traced tensor at {_user_line(_frames(tracer._stop))}"
+                    "\ndynamo_relational.compile records tensor ops, not assignments to the model's attributes "
+                    f"(this one would happen once, while tracing). Update a buffer in place (self.{name}.copy_(...), "
+                    f"self.{name}.add_(1)), or use torch.compile(model, backend=\"relational\").")
+            original(module, name, value)
+
+        nn.Module.__setattr__ = __setattr__
+        try:
+            yield
+        finally:
+            nn.Module.__setattr__ = original
 
     @contextlib.contextmanager
     def _refusing_own_generators(self):
@@ -732,7 +757,9 @@ class RelationalModule(nn.Module):
         self._example_inputs = [t.detach() for t in example_inputs]
         self._traced: dict[tuple, _Traced] = {}   # by _state()
         self._warned_torch_func = False
-        self._variant(list(example_inputs))   # trace, group and compile now
+        grad = torch.is_grad_enabled()
+        with torch.inference_mode(False), torch.set_grad_enabled(grad):   # (see forward)
+            self._variant(list(example_inputs))   # trace, group and compile now
 
     @property
     def report(self) -> Report:
@@ -758,6 +785,12 @@ class RelationalModule(nn.Module):
         self._check_inputs(args)
         if torch._C._functorch.peek_interpreter_stack() is not None:
             return self._run_eagerly_under_torch_func(args)
+        if torch.is_inference_mode_enabled():
+            # AOT autograd's functions fail there ("Inference tensors cannot be saved for backward"), and the
+            # constants of a graph traced there could not serve a later training call. Without gradients,
+            # outside it, the compiled code computes the same values.
+            with torch.inference_mode(False), torch.no_grad():
+                return self.forward(*args)
         traced, fn = self._variant(args)
         flat = list(fn(*args))
         for position, value in traced.constants.items():
@@ -819,8 +852,11 @@ class RelationalModule(nn.Module):
         key = ("grad", tuple(a.requires_grad for a in args)) if needs_grad else "no_grad"
         fn = traced.compiled.get(key)
         if fn is None and key == "no_grad":
-            # compile_fx's training graph also computes the outputs (shared Dynamo code would recompile)
-            fn = next((f for k, f in traced.compiled.items() if k not in traced.shared), None)
+            # compile_fx's training graph also computes the outputs (shared Dynamo code would recompile); it
+            # records its backward whatever the grad mode, so its results are detached, as no_grad's are
+            training = next((f for k, f in traced.compiled.items() if k not in traced.shared), None)
+            if training is not None:
+                fn = traced.compiled[key] = _without_gradients(training)
         if fn is None:
             with CompileProgress(self.options.progress, 1) as progress:
                 progress.start("inductor")
@@ -829,6 +865,15 @@ class RelationalModule(nn.Module):
             if shared:
                 traced.shared.add(key)
         return traced, fn
+
+
+def _without_gradients(fn: Callable) -> Callable:
+    """``fn``, its results cut from the autograd graph it recorded (as a call under ``no_grad`` returns them:
+    ``requires_grad`` false, so ``.numpy()`` works)."""
+    def run(*args: torch.Tensor) -> list:
+        return [out.detach() if isinstance(out, torch.Tensor) and out.grad_fn is not None else out
+                for out in fn(*args)]
+    return run
 
 
 def _module_hooks(module: nn.Module) -> tuple[dict, ...]:

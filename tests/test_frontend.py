@@ -179,6 +179,25 @@ def test_random_op_with_its_own_generator_is_a_clear_error_naming_the_line():
         dynamo_relational.compile(Noisy(), torch.randn(4, 2), inductor=False)
 
 
+def test_assigning_a_traced_tensor_to_the_model_is_a_clear_error_that_changes_nothing():
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls = self.calls + 1   # REASSIGNED
+            return x * self.calls
+
+    model, x = Counting(), torch.randn(4, 2)
+    buffer, setattr_before = model.calls, nn.Module.__setattr__
+    with pytest.raises(FrontendError, match=r"Counting.calls is assigned a traced tensor at "
+                                            r".*test_frontend.py:\d+ in forward: .*# REASSIGNED(.|\n)*in place"):
+        dynamo_relational.compile(model, x, inductor=False)
+    assert model.calls is buffer and nn.Module.__setattr__ is setattr_before   # (the patch is undone)
+    torch.testing.assert_close(model(x), x)   # the model still runs, from its own state
+
+
 def test_calls_that_do_not_match_the_example_inputs_are_errors():
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2)
@@ -300,6 +319,49 @@ def test_inference_compile_then_training_compiles_a_training_graph():
     out.sum().backward()
     expected = torch.autograd.grad(model(batch.x).sum(), model.readout.weight)[0]
     torch.testing.assert_close(model.readout.weight.grad, expected, **TOLERANCE[torch.float32])
+
+
+class Recurrent(nn.Module):
+    """A recurrent cell over the rows of ``x``, cycled through: one neuron per step, each reading the last."""
+
+    def __init__(self, steps: int = 20, width: int = 3):
+        super().__init__()
+        self.steps = steps
+        self.cell = nn.Linear(width, width, dtype=torch.float64)
+
+    def forward(self, x):
+        h = x[0]
+        for step in range(self.steps):
+            h = torch.tanh(self.cell(h) + x[step % x.shape[0]])
+        return h
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_calls_without_gradients_after_training_return_plain_tensors(mode):
+    """A call under ``no_grad`` or ``inference_mode`` reuses the training graph's code: its results must not
+    require gradients (``.numpy()`` works), and inference mode must not break it."""
+    torch.manual_seed(0)
+    model, x = Recurrent(), torch.randn(12, 3, dtype=torch.float64)
+    # a training graph (the parameters need gradients), run as Inductor's code (not as ATen calls)
+    compiled = dynamo_relational.compile(model, x, autotune=False)
+    with getattr(torch, mode)():
+        out, want = compiled(x), model(x)
+    assert not out.requires_grad and out.grad_fn is None
+    torch.testing.assert_close(torch.from_numpy(out.numpy()), want, **TOLERANCE[torch.float64])
+
+
+def test_compiled_in_inference_mode_then_trained():
+    """Compiling inside ``torch.inference_mode()`` makes no inference tensors that a later training call
+    would have to save for its backward."""
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=2, dtype=torch.float64)
+    model = ScalarGCN(batch, 7).double()
+    with torch.inference_mode():
+        compiled = dynamo_relational.compile(model, batch.x)
+        torch.testing.assert_close(compiled(batch.x), model(batch.x), **TOLERANCE[torch.float64])
+    got = torch.autograd.grad(compiled(batch.x).sum(), list(model.parameters()))
+    want = torch.autograd.grad(model(batch.x).sum(), list(model.parameters()))
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
 
 
 @pytest.mark.slow
