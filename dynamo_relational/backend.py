@@ -163,6 +163,15 @@ def without_autograd_cache_if_tagged(gm: fx.GraphModule):
     return contextlib.nullcontext()
 
 
+def inductor_mode(mode: str | None):
+    """Inductor's settings for ``torch.compile``'s ``mode`` (``options.mode``), while they are in force."""
+    if mode is None:
+        return contextlib.nullcontext()
+    from torch._inductor import config, list_mode_options
+
+    return config.patch(list_mode_options(mode))
+
+
 def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, report: GraphReport,
                    grad: bool = False) -> Callable:
     """Inductor's ``compile_fx`` (AOT autograd inside) on a copy of ``gm`` (it rewrites the graph it
@@ -170,7 +179,7 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
     from torch._inductor.compile_fx import compile_fx
 
     start = time.perf_counter()
-    with without_autograd_cache_if_tagged(gm):
+    with without_autograd_cache_if_tagged(gm), inductor_mode(options.mode):
         fn = compile_fx(_copy(gm), list(inputs))
     report.add_time("inductor", start)
     return choose_executor(fn, gm, inputs, options, report, grad)
@@ -214,10 +223,13 @@ def aten_executor(gm: fx.GraphModule) -> fx.GraphModule:
     return executor
 
 
-def relational(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None, **kwargs):
-    """The backend function: ``torch.compile(model, backend="relational", options={...})``."""
+def relational(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None,
+               mode: str | None = None, **kwargs):
+    """The backend function: ``torch.compile(model, backend="relational", options={...})``, or
+    ``mode=...`` instead of ``options`` (Inductor's mode for the grouped graph: ``Options.mode``)."""
     if kwargs:
         from .errors import OptionsError
 
         raise OptionsError(f"unexpected backend arguments {sorted(kwargs)}; pass options={{...}}")
-    return compile_graph(gm, example_inputs, Options.from_mapping(options)).fn
+    opts = Options.from_mapping(options if mode is None else {**(options or {}), "mode": mode})
+    return compile_graph(gm, example_inputs, opts).fn

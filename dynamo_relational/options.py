@@ -14,11 +14,24 @@ from typing import Any, Literal, Mapping
 from .errors import OptionsError
 
 
+#: the modes of ``torch.compile`` (Inductor's ``list_mode_options``)
+INDUCTOR_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass(frozen=True)
 class Options:
     #: Hand the grouped graph to Inductor (``compile_fx``). ``False`` runs the
     #: grouped graph eagerly, which is handy for debugging the grouping itself.
     inductor: bool = True
+    #: Inductor's compile mode for the grouped graph: ``"default"``,
+    #: ``"reduce-overhead"``, ``"max-autotune"`` or ``"max-autotune-no-cudagraphs"``
+    #: (``torch.compile(model, backend="relational", mode=...)`` passes it here;
+    #: torch.compile takes either ``mode`` or ``options``). Its Inductor settings
+    #: (``torch._inductor.list_mode_options(mode)``) apply while the grouped graph
+    #: compiles: ``max_autotune`` times kernel choices (GEMM templates, more
+    #: compile time); the CUDA graphs of ``"reduce-overhead"`` and
+    #: ``"max-autotune"`` apply on CUDA only.
+    mode: str | None = None
     #: Choose by timing on this machine. The ``linear_layout`` pass times each
     #: large ``linear`` in its two memory layouts (on CPU); with Inductor on, the
     #: grouped graph run as plain ATen calls is timed against Inductor's code on
@@ -160,6 +173,9 @@ class Options:
             expected = {"bool": bool, "int": int}.get(str(f.type))
             if expected is not None and (type(value) is not expected):
                 raise OptionsError(f"option {f.name!r} must be {f.type}, got {value!r}")
+        if self.mode is not None and self.mode not in INDUCTOR_MODES:
+            raise OptionsError(f"option 'mode' must be one of {', '.join(map(repr, INDUCTOR_MODES))} or None, "
+                               f"got {self.mode!r}")
         if self.scheduler not in ("auto", "asap", "agenda"):
             raise OptionsError(
                 f"option 'scheduler' must be 'auto', 'asap' or 'agenda', got {self.scheduler!r}")

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from .backend import choose_executor, compile_static, without_autograd_cache_if_tagged
+from .backend import choose_executor, compile_static, inductor_mode, without_autograd_cache_if_tagged
 from .options import Options
 from .report import GraphReport
 from .trial_runs import leaving_no_trace
@@ -172,13 +172,13 @@ class SchemaCache:
 SCHEMAS = SchemaCache()
 
 
-def _inductor_with_tags(recompute: Sequence[tuple[Any, int, Any]]) -> Callable:
-    """Inductor as a Dynamo backend, on the graph with its recompute tags restored."""
+def _inductor_with_tags(recompute: Sequence[tuple[Any, int, Any]], mode: str | None) -> Callable:
+    """Inductor (in ``mode``) as a Dynamo backend, on the graph with its recompute tags restored."""
     from torch._inductor.compile_fx import compile_fx
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         gm = retag(gm, recompute)
-        with without_autograd_cache_if_tagged(gm):
+        with without_autograd_cache_if_tagged(gm), inductor_mode(mode):
             return compile_fx(gm, example_inputs)
 
     return backend
@@ -196,7 +196,7 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
     lifted = lift(gm) if options.reuse_compiled else None
     if lifted is None:
         return compile_static(gm, inputs, options, report, grad), False
-    key = (lifted.key, grad)   # the executor is autotuned per autograd need
+    key = (lifted.key, grad, options.mode)   # the executor is autotuned per autograd need
     schema = SCHEMAS.get(key)
     if schema is None:
         SCHEMAS.put(key, Schema())
@@ -207,7 +207,8 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
         start = time.perf_counter()
         # Parameter shapes stay static (Dynamo's ``force_parameter_static_shapes``); Dynamo traces
         # only the small grouped graph.
-        compiled = torch.compile(lifted.graph, backend=_inductor_with_tags(lifted.recompute), dynamic=True)
+        compiled = torch.compile(lifted.graph, backend=_inductor_with_tags(lifted.recompute, options.mode),
+                                 dynamic=True)
         try:
             with torch.set_grad_enabled(grad), leaving_no_trace(lifted.graph, args):   # compiles; state stays
                 compiled(*args)

@@ -39,6 +39,35 @@ def test_unknown_option_reaches_the_user_through_torch_compile():
         compiled(torch.randn(1, 2))
 
 
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_torch_compile_mode_applies_while_the_grouped_graph_compiles(front_end, monkeypatch):
+    """``torch.compile(..., mode=...)`` reaches the backend (``Options.mode``): Inductor compiles the grouped
+    graph with that mode's settings, and only then."""
+    from torch._inductor import compile_fx as compile_fx_module, config
+
+    real, max_autotune_seen = compile_fx_module.compile_fx, []
+
+    def spy(*args, **kwargs):
+        max_autotune_seen.append(config.max_autotune)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", spy)
+    torch.manual_seed(0)
+    model, x = Mixed().double(), torch.randn(4, 5, dtype=torch.float64)
+    if front_end == "backend":
+        compiled = torch.compile(model, backend="relational", mode="max-autotune-no-cudagraphs")
+    else:
+        compiled = dynamo_relational.compile(model, x, mode="max-autotune-no-cudagraphs")
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-9, atol=1e-12)
+    assert max_autotune_seen and all(max_autotune_seen) and not config.max_autotune
+
+
+def test_unknown_mode_is_a_clear_error():
+    with pytest.raises(OptionsError, match="option 'mode' must be one of 'default', 'reduce-overhead', "
+                                           "'max-autotune', 'max-autotune-no-cudagraphs' or None, got 'fastest'"):
+        Options.from_mapping({"mode": "fastest"})
+
+
 class Mixed(nn.Module):
     """A standard encoder, scalar-granular message passing, a standard readout."""
 
