@@ -26,8 +26,11 @@ def leaving_no_trace(graph: nn.Module, inputs: Sequence[Any]) -> Iterator[None]:
     generators (CPU, and the inputs' CUDA devices) their state.
 
     Only tensors whose value changed are written back, so the others keep their version counters
-    (an autograd graph the caller built from them stays valid). Costs one copy of those tensors."""
-    reachable = {id(t): t for t in (*graph.parameters(), *graph.buffers(), *inputs) if isinstance(t, torch.Tensor)}
+    (an autograd graph the caller built from them stays valid). Costs one copy of those tensors.
+    Sparse tensors (adjacency buffers, read by the graph's products) are left out: ``torch.equal``
+    cannot compare them, and a dense copy of one could be larger than the machine."""
+    reachable = {id(t): t for t in (*graph.parameters(), *graph.buffers(), *inputs)
+                 if isinstance(t, torch.Tensor) and t.layout is torch.strided}
     saved = [(t, t.detach().clone()) for t in reachable.values()]
     devices = sorted({t.device.index or 0 for t in reachable.values() if t.is_cuda})
     with torch.random.fork_rng(devices=devices):
@@ -36,11 +39,5 @@ def leaving_no_trace(graph: nn.Module, inputs: Sequence[Any]) -> Iterator[None]:
         finally:
             with torch.no_grad():
                 for tensor, before in saved:
-                    if not _unchanged(tensor, before):
+                    if not torch.equal(tensor, before):
                         tensor.copy_(before)
-
-
-def _unchanged(tensor: torch.Tensor, before: torch.Tensor) -> bool:
-    if tensor.layout is not torch.strided:   # (sparse buffers: compared through their dense form)
-        tensor, before = tensor.to_dense(), before.to_dense()
-    return torch.equal(tensor, before)
