@@ -188,9 +188,10 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
 def choose_executor(inductor_fn: Callable, aten: fx.GraphModule, inputs: Sequence[Any], options: Options,
                     report: GraphReport, grad: bool = False) -> Callable:
     """With ``options.autotune``, time Inductor's code against the grouped graph's plain ATen calls
-    (:func:`aten_executor`) on the (real) example inputs and return the faster; the choice is recorded in the report.
+    (:func:`aten_executor`) on the example inputs (where they are real: no fake tensors or symbolic ints) and
+    return the faster; the choice is recorded in the report.
     ``grad`` times the forward with autograd recording (the mode the code was compiled for)."""
-    real = all(not isinstance(x, FakeTensor) for x in inputs if isinstance(x, torch.Tensor))
+    real = not any(isinstance(x, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)) for x in inputs)
     if not (options.autotune and report.vectorized_groups and real):
         return inductor_fn
     from .autotune import fastest

@@ -63,6 +63,24 @@ def test_rewiring_the_structure_recompiles_and_stays_right():
     torch.testing.assert_close(compiled(batch.x), model(batch.x))
 
 
+def test_structure_passed_as_an_argument_recompiles_through_inductor_and_stays_right():
+    """Neighbour lists passed to a compiled function: the second structure's ints become Dynamo's dynamic
+    inputs (symbolic ints among the example inputs), which the executor timing cannot run on; it is skipped."""
+    torch.manual_seed(0)
+    weight = torch.randn(3, 3, dtype=torch.float64, requires_grad=True)
+
+    def messages(x, in_nbrs):
+        return torch.stack([torch.tanh(sum(weight @ x[u] for u in nbrs)) for nbrs in in_nbrs])
+
+    compiled = torch.compile(messages, backend="relational", options={"strict": True})
+    x = torch.randn(4, 3, dtype=torch.float64)
+    for in_nbrs in ([[1, 2], [0], [0, 1, 3], [2]], [[1], [0, 2], [3], [2, 0]]):
+        got, want = compiled(x, in_nbrs), messages(x, in_nbrs)
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), weight), torch.autograd.grad(want.sum(), weight),
+                                   rtol=1e-9, atol=1e-12)
+
+
 @torch._dynamo.config.patch(recompile_limit=2)
 def test_past_the_recompile_limit_the_model_runs_eagerly_and_stays_right():
     """Every rewiring is a recompile; past ``recompile_limit`` Dynamo stops compiling this
