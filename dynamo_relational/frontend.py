@@ -841,6 +841,9 @@ class RelationalModule(nn.Module):
             if self._traced:
                 log.warning("relational: %s switched train/eval mode, or its module hooks, modules, parameters or "
                             "buffers changed; tracing and compiling it again", type(self.model).__name__)
+                # graphs of modules, parameters or buffers the model no longer has would only keep them alive
+                for stale in [key for key in self._traced if key[2] != state[2]]:
+                    del self._traced[stale]
             with compile_progress(self.options.progress) as progress:
                 traced = self._traced[state] = _trace_and_group(self.model, self._example_inputs,
                                                                [s.name for s in self._specs], self.options,

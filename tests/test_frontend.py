@@ -263,6 +263,7 @@ def test_replaced_parameters_buffers_and_modules_are_traced_again(change):
         model.lin = nn.Linear(3, 3, dtype=torch.float64)
     got, want = compiled(x), model(x)
     torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+    assert len(compiled._traced) == 1   # the graph of the replaced objects is dropped, not kept alive
     got_grads = torch.autograd.grad(got.sum(), list(model.parameters()))
     want_grads = torch.autograd.grad(want.sum(), list(model.parameters()))
     torch.testing.assert_close(got_grads, want_grads, **TOLERANCE[torch.float64])
