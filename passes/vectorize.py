@@ -24,8 +24,6 @@ from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
 
-MIN_SAVED_NODES = 1
-
 
 class GroupBuilder:
     """Writes the new graph; maps original nodes to new values or rows of groups."""
@@ -238,6 +236,19 @@ def _unique_members(ops):
     return unique, row_of
 
 
+def _gathers_cheaply(members: list, b: GroupBuilder) -> bool:
+    """Whether a group too small to vectorize for its own sake, of stacks or aggregations over rows of
+    groups (a readout over all neurons), still runs as one gather from those groups rather than as
+    copies reading each row. The gather reads its rows in place from one source; from several it first
+    concatenates them, which must not copy more than twice the rows it reads: a recurrent cell adding
+    one input row per step (``h = tanh(W h + x[t])``) would copy all of ``x`` on every step."""
+    terms = [t for op in members for t in op.operands]
+    if not members[0].variadic or not any(t in b.rows for t in terms):
+        return False
+    sources = {b.rows[t][0] if t in b.rows else t for t in terms}
+    return len(sources) == 1 or sum(b.size.get(source, 1) for source in sources) <= 2 * len(terms)
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     b = GroupBuilder(gm, ctx.options.max_typed_groups)
     for node in gm.graph.nodes:
@@ -249,8 +260,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         ops = group.ops
         if ops is not None:
             unique, row_of = _unique_members(ops)
-            feeds_on_groups = ops[0].variadic and any(t in b.rows for op in unique for t in op.operands)
-            if len(unique) >= min_size or feeds_on_groups:
+            if len(unique) >= min_size or _gathers_cheaply(unique, b):
                 new = unique[0].family.emit(unique, b)
                 if new is not None:
                     b.size[new] = len(unique)
