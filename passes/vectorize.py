@@ -6,6 +6,9 @@ Operands are wired by :class:`GroupBuilder`: an operand that every member
 shares is passed once; otherwise the members' operand rows are gathered
 (``index_select`` over the source group, or over a ``cat`` of several).
 Nodes that stay ungrouped are copied and read single rows (``group[r]``).
+Groups smaller than ``min_group_size`` stay ungrouped too, except stacks and
+sums over rows of groups (a readout) that one gather serves without copying
+more than twice the rows they read (:func:`_gathers_cheaply`).
 Index tensors become buffers of the new GraphModule.
 
 Legal because members of a group are pairwise independent and each family
