@@ -5,28 +5,13 @@ import operator
 import torch
 from torch import nn
 
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.test_frontend import Recurrent, assert_fast_compile_matches_eager
 
 ROWS = 12
 
 
 def _targets(compiled):
     return [node.target for node in compiled.graph.graph.nodes if node.op == "call_function"]
-
-
-class Recurrent(nn.Module):
-    """``h = tanh(W h + x[t])``: each step's sum reads one row of the input, whose rows form a group."""
-
-    def __init__(self, steps: int):
-        super().__init__()
-        self.steps = steps
-        self.cell = nn.Linear(3, 3, dtype=torch.float64)
-
-    def forward(self, x):
-        h = x[0]
-        for step in range(self.steps):
-            h = torch.tanh(self.cell(h) + x[step % ROWS])
-        return h
 
 
 class Readout(nn.Module):
@@ -44,6 +29,7 @@ class Readout(nn.Module):
 
 
 def test_a_recurrent_cell_reads_its_input_rows_without_concatenating_them():
+    """``h = tanh(W h + x[t])``: each step's sum reads one row of the input, whose rows form a group."""
     torch.manual_seed(0)
     model = Recurrent(steps=40)
     compiled = assert_fast_compile_matches_eager(model, torch.randn(ROWS, 3, dtype=torch.float64), inductor=False)
