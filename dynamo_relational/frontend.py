@@ -87,6 +87,7 @@ from .options import Options
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress, compile_progress
 from .report import GraphReport, Report
 from .schemas import compile_grouped
+from .trial_runs import cuda_devices
 
 log = logging.getLogger("dynamo_relational")
 
@@ -336,10 +337,6 @@ def _is_random(node: fx.Node, appliers) -> bool:
     """Whether computing ``node`` may draw random numbers: a random op, or a custom autograd Function."""
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
     return name in _random_ops() or node.target in appliers
-
-
-def _cuda_devices() -> list[int]:
-    return list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
 
 
 def _generator_states() -> list[torch.Tensor]:
@@ -671,7 +668,7 @@ class _Tracer(fx.Tracer):
             if not _needs_check(node):
                 return fn(*args, **kwargs)
             if _is_random(node, self._appliers.values()):   # no draw from the generators (_trace_and_group)
-                with torch.random.fork_rng(devices=_cuda_devices()), self._check:
+                with torch.random.fork_rng(devices=cuda_devices()), self._check:
                     return fn(*args, **kwargs)
             with self._check:
                 return fn(*args, **kwargs)
@@ -782,15 +779,15 @@ class RelationalModule(nn.Module):
             names = ", ".join(s.name for s in self._specs)
             raise FrontendError(f"compiled {type(self.model).__name__} takes its inputs positionally, as compiled: "
                                 f"({names}); got keywords {sorted(kwargs)}")
-        self._check_inputs(args)
-        if torch._C._functorch.peek_interpreter_stack() is not None:
-            return self._run_eagerly_under_torch_func(args)
         if torch.is_inference_mode_enabled():
             # AOT autograd's functions fail there ("Inference tensors cannot be saved for backward"), and the
             # constants of a graph traced there could not serve a later training call. Without gradients,
-            # outside it, the compiled code computes the same values.
+            # outside it, the compiled code computes the same values (this call checks the inputs).
             with torch.inference_mode(False), torch.no_grad():
                 return self.forward(*args)
+        self._check_inputs(args)
+        if torch._C._functorch.peek_interpreter_stack() is not None:
+            return self._run_eagerly_under_torch_func(args)
         traced, fn = self._variant(args)
         flat = list(fn(*args))
         for position, value in traced.constants.items():

@@ -23,7 +23,7 @@ from torch import nn
 def leaving_no_trace(graph: nn.Module, inputs: Sequence[Any]) -> Iterator[None]:
     """Run ``graph`` on ``inputs`` inside as often as needed: on exit every tensor it can reach (its
     parameters and buffers, the tensor inputs) has its value from before again, and the default random
-    generators (CPU, and the inputs' CUDA devices) their state.
+    generators (CPU, and each CUDA device in use) their state.
 
     Only tensors whose value changed are written back, so the others keep their version counters
     (an autograd graph the caller built from them stays valid). Costs one copy of those tensors.
@@ -32,8 +32,7 @@ def leaving_no_trace(graph: nn.Module, inputs: Sequence[Any]) -> Iterator[None]:
     reachable = {id(t): t for t in (*graph.parameters(), *graph.buffers(), *inputs)
                  if isinstance(t, torch.Tensor) and t.layout is torch.strided}
     saved = [(t, t.detach().clone()) for t in reachable.values()]
-    devices = sorted({t.device.index or 0 for t in reachable.values() if t.is_cuda})
-    with torch.random.fork_rng(devices=devices):
+    with torch.random.fork_rng(devices=cuda_devices()):
         try:
             yield
         finally:
@@ -41,3 +40,8 @@ def leaving_no_trace(graph: nn.Module, inputs: Sequence[Any]) -> Iterator[None]:
                 for tensor, before in saved:
                     if not torch.equal(tensor, before):
                         tensor.copy_(before)
+
+
+def cuda_devices() -> list[int]:
+    """The CUDA devices whose default generators may be drawn from: all of them once CUDA is in use."""
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []

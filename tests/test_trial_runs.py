@@ -46,6 +46,13 @@ def _calls():
     return [x, x.clone().requires_grad_(), x.clone().requires_grad_()]
 
 
+def _assert_each_call_matches_eager(compiled, model, eager, calls):
+    """Outputs, and the buffers after every call, equal eager's."""
+    for x in calls:
+        torch.testing.assert_close(compiled(x), eager(x), **TOLERANCE[torch.float64])
+        _assert_buffers_equal(model, eager)
+
+
 def _assert_buffers_equal(model, eager):
     for (name, got), (_, want) in zip(model.named_buffers(), eager.named_buffers()):
         torch.testing.assert_close(got, want, **TOLERANCE[torch.float64], msg=lambda m: f"buffer {name}: {m}")
@@ -61,9 +68,7 @@ def test_timing_the_executors_does_not_advance_running_statistics(front_end):
         compiled = dynamo_relational.compile(model, calls[0])
     else:
         compiled = torch.compile(model, backend="relational")
-    for x in calls:
-        torch.testing.assert_close(compiled(x), eager(x), **TOLERANCE[torch.float64])
-        _assert_buffers_equal(model, eager)
+    _assert_each_call_matches_eager(compiled, model, eager, calls)
     if front_end == "fast":
         assert "executor" in compiled.report.graphs[0].stats   # the executors were timed
 
@@ -87,9 +92,7 @@ def test_compiling_shared_code_on_a_call_does_not_advance_batch_norm():
     eager = copy.deepcopy(model)
     calls = _calls()
     compiled = dynamo_relational.compile(model, calls[0])
-    for x in calls:
-        torch.testing.assert_close(compiled(x), eager(x), **TOLERANCE[torch.float64])
-        _assert_buffers_equal(model, eager)
+    _assert_each_call_matches_eager(compiled, model, eager, calls)
     assert compiled.report.graphs[0].stats["schema_uses"] == 2   # the shared code was compiled
 
 
