@@ -145,6 +145,14 @@ def test_compile_scale_reports_the_grouping_of_a_small_batch():
     assert all(t > 0 for t in parts[:6]) and sum(parts) == pytest.approx(row["passes_s"])
 
 
+def test_recurrent_benchmark_measures_a_chain_against_eager():
+    from benchmarks import recurrent
+
+    row = recurrent.measure(rows=20, steps=6, width=4, repeats=2)
+    assert row["nodes_before"] > 6 * 3 and row["max_abs_diff"] < 1e-5   # a linear, add and tanh per step
+    assert row["compiled_ms"] > 0 and row["eager_ms"] > 0
+
+
 def test_guard_benchmark_measures_every_call_path():
     from benchmarks import guards
 
