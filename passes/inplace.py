@@ -73,6 +73,8 @@ def _in_place_target(op: str, target) -> bool:
                 return True
         except TypeError:
             return False
+        if getattr(target, "__module__", None) == "_operator":
+            return False   # operator's in-place functions are listed above; and_, or_, not_ are pure
         name = getattr(target, "__name__", "")
     else:
         name = target

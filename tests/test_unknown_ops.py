@@ -43,16 +43,16 @@ BODIES = {
     "chunk": (lambda m, x, v, h: torch.cat(h.chunk(2)[::-1]), "chunk"),
     "unbind": (lambda m, x, v, h: torch.stack(list(h.unbind(0))[::-1]), "unbind"),
     # mixed dtypes
-    "through_float32": (lambda m, x, v, h: h.float().double(), "float"),
+    "through_float32": (lambda m, x, v, h: h.float().double(), None),
     "promote_int64": (lambda m, x, v, h: h + torch.arange(4), "arange"),
     "promote_float32": (lambda m, x, v, h: h * torch.ones(4, dtype=torch.float32), "ones"),
     "python_scalars": (lambda m, x, v, h: h * 3 + v, None),
     # integer, comparison and sorting ops
     "argmax": (lambda m, x, v, h: h * h.argmax(), "argmax"),
-    "where": (lambda m, x, v, h: torch.where(h > 0, h, x[v]), "gt"),
-    "bool_mask": (lambda m, x, v, h: h * (x[v] > 0), "gt"),
+    "where": (lambda m, x, v, h: torch.where(h > 0, h, x[v]), None),
+    "bool_mask": (lambda m, x, v, h: h * (x[v] > 0), None),
     "integer_arithmetic": (lambda m, x, v, h: h * ((torch.arange(4) * v + 1) % 3 // 1), "floordiv"),
-    "count": (lambda m, x, v, h: h * (x[v] > 0).long().sum(), "long"),
+    "count": (lambda m, x, v, h: h * (x[v] > 0).long().sum(), "floating"),  # an integer sum
     "clamp_round": (lambda m, x, v, h: h.clamp(-0.5, 0.5) + x[v].round(), "round"),
     "max_values_indices": (lambda m, x, v, h: h.max(0).values * x[v] + h.max(0).indices, "max"),
     "sort": (lambda m, x, v, h: h.sort().values, "sort"),

@@ -4,6 +4,8 @@ A group becomes the same call on batched operands ``[k, *shape]``; operands
 shared by all members (a weight, a bias) are passed once and broadcast.
 Python scalars of arithmetic ops may differ between members (per-neuron
 offsets): they become a ``[k, 1, ...]`` constant of the result dtype.
+Comparisons, logical and bitwise ops, ``masked_fill`` with a constant and
+dtype casts (``h.to(torch.float64)``, ``m.float()``) group the same way.
 """
 from __future__ import annotations
 
@@ -54,6 +56,9 @@ class Elementwise(OpFamily):
             return str(e)
         if not operands:
             return "no tensor operand"
+        if node.target in _SCALAR_VALUE and isinstance(node.args[2] if len(node.args) > 2 else node_kwargs.get("value"),
+                                                         fx.Node):
+            return "masked_fill with a tensor value"   # batched, the value would not be 0-d
         if len(operands) > 1 and info.rank > 0:
             infos = [tensor_info(o) for o in operands]
             if len({i.dtype for i in infos}) > 1 and any(i.rank == 0 for i in infos):
@@ -127,9 +132,20 @@ _UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.log, torch.neg
 _BINARY = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, torch.add,
            torch.sub, torch.mul, torch.div, torch.pow, torch.maximum, torch.minimum, torch.where,
            torch.lerp, torch.addcmul]
+_COMPARE = [operator.gt, operator.lt, operator.ge, operator.le, operator.eq, operator.ne, torch.gt, torch.lt,
+            torch.ge, torch.le, torch.eq, torch.ne]
+_LOGICAL = [operator.and_, operator.or_, operator.xor, operator.invert, torch.logical_and, torch.logical_or,
+            torch.logical_xor, torch.logical_not, torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor,
+            torch.bitwise_not, torch.masked_fill]
 _METHODS = ["relu", "sigmoid", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqrt", "sin", "cos",
             "square", "clamp", "clip", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
             "__radd__", "__rsub__", "__rmul__", "__rtruediv__", "erf", "log1p", "expm1",
-            "reciprocal", "detach"]
+            "reciprocal", "detach", "gt", "lt", "ge", "le", "eq", "ne", "__and__", "__or__", "__xor__",
+            "__invert__", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or",
+            "bitwise_xor", "bitwise_not", "masked_fill", "where",
+            # casts: a constant dtype (or another tensor's, ``type_as``) applies row by row
+            "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool"]
+#: ops whose ``value`` argument (third) must be one Python scalar, not a tensor per member
+_SCALAR_VALUE = {torch.masked_fill, "masked_fill"}
 
-ELEMENTWISE = register(Elementwise(), functions=_UNARY + _BINARY, methods=_METHODS)
+ELEMENTWISE = register(Elementwise(), functions=_UNARY + _BINARY + _COMPARE + _LOGICAL, methods=_METHODS)
