@@ -7,8 +7,8 @@ shares is passed once; otherwise the members' operand rows are gathered
 (``index_select`` over the source group, or over a ``cat`` of several).
 Nodes that stay ungrouped are copied and read single rows (``group[r]``).
 Groups smaller than ``min_group_size`` stay ungrouped too, except stacks and
-sums over rows of groups (a readout) that one gather serves without copying
-more than twice the rows they read (:func:`_gathers_cheaply`).
+sums over rows of groups (a readout) that one gather serves in fewer nodes
+than reading their rows one by one (:func:`_small_group_form`).
 Index tensors become buffers of the new GraphModule.
 
 Legal because members of a group are pairwise independent and each family
@@ -26,6 +26,11 @@ from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
 from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
+
+
+#: a gather from several sources concatenates them only while that copies at most this many times the rows
+#: it reads; beyond, it gathers the rows from each source first (:meth:`GroupBuilder._compact`)
+MAX_CAT_GROWTH = 2
 
 
 class GroupBuilder:
@@ -46,6 +51,9 @@ class GroupBuilder:
         self._taken: dict[fx.Node, tuple[fx.Node, list[int]]] = {}  # gather -> (base, rows)
         self._constants: dict[tuple, fx.Node] = {}
         self.buffers = 0
+        #: gathers from several sources whose concatenation would copy too much read each source's rows
+        #: first (set for the group being emitted; see :func:`_small_group_form`)
+        self.gather_by_source = False
 
     # values --------------------------------------------------------------
     def value(self, node):
@@ -86,11 +94,30 @@ class GroupBuilder:
         sources = list(dict.fromkeys(src for src, _ in pairs))
         if len(sources) == 1:
             return sources[0], [r for _, r in pairs]
+        if self.gather_by_source and sum(self.size[src] for src in sources) > MAX_CAT_GROWTH * len(pairs):
+            return self._compact(pairs, sources)
         base = self._cat(tuple(sources))
         start, at = {}, 0
         for src in self._cat_order(sources):
             start[src], at = at, at + self.size[src]
         return base, [start[src] + r for src, r in pairs]
+
+    def _compact(self, pairs: tuple, sources: list) -> tuple[fx.Node, list[int]]:
+        """The rows that ``pairs`` read, each once, gathered source by source into one block: concatenating
+        whole sources would copy far more rows than are read (one row of a large input beside a group)."""
+        wanted = {src: list(dict.fromkeys(r for s, r in pairs if s is src)) for src in sources}
+        blocks = [self.take(src, wanted[src], self._row_info(src)) for src in sources]
+        block = self._cat(tuple(blocks))
+        offset, at = {}, 0   # where each piece starts in the block (in _cat_order: single values first)
+        for piece in self._cat_order(blocks):
+            offset[piece], at = at, at + self.size[piece]
+        position = {(src, r): offset[piece] + i for src, piece in zip(sources, blocks)
+                    for i, r in enumerate(wanted[src])}
+        return block, [position[pair] for pair in pairs]
+
+    def _row_info(self, source: fx.Node) -> TensorInfo:
+        info = tensor_info(source)
+        return TensorInfo(info.shape[1:], info.dtype, info.device)
 
     def _untaken(self, base: fx.Node, rows: list[int]) -> tuple[fx.Node, list[int]]:
         """A gather of a gather reads the original rows directly."""
@@ -239,17 +266,21 @@ def _unique_members(ops):
     return unique, row_of
 
 
-def _gathers_cheaply(members: list, b: GroupBuilder) -> bool:
+def _small_group_form(members: list, b: GroupBuilder) -> str | None:
     """Whether a group too small to vectorize for its own sake, of stacks or aggregations over rows of
-    groups (a readout over all neurons), still runs as one gather from those groups rather than as
-    copies reading each row. The gather reads its rows in place from one source; from several it first
-    concatenates them, which must not copy more than twice the rows it reads: a recurrent cell adding
-    one input row per step (``h = tanh(W h + x[t])``) would copy all of ``x`` on every step."""
+    groups (a readout over all neurons), still runs as one gather from those groups (``"gather"``, or
+    ``"gather by source"``) rather than as copies reading each row (None). The gather reads its rows in place from one source. From several it first
+    concatenates them where that copies at most twice the rows it reads, else it gathers the rows from
+    each source first, a node or two per source: worth it for many rows (a readout that also reads one
+    row of the input), not for a recurrent cell adding one input row per step (``h = tanh(W h + x[t])``),
+    which would otherwise copy all of ``x``, or a row of it, on every step."""
     terms = [t for op in members for t in op.operands]
     if not members[0].variadic or not any(t in b.rows for t in terms):
-        return False
+        return None
     sources = {b.rows[t][0] if t in b.rows else t for t in terms}
-    return len(sources) == 1 or sum(b.size.get(source, 1) for source in sources) <= 2 * len(terms)
+    if len(sources) == 1 or sum(b.size.get(source, 1) for source in sources) <= MAX_CAT_GROWTH * len(terms):
+        return "gather"
+    return "gather by source" if len(terms) > 2 * len(sources) + 2 else None
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -263,8 +294,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         ops = group.ops
         if ops is not None:
             unique, row_of = _unique_members(ops)
-            if len(unique) >= min_size or _gathers_cheaply(unique, b):
+            form = "group" if len(unique) >= min_size else _small_group_form(unique, b)
+            if form is not None:
+                b.gather_by_source = form == "gather by source"
                 new = unique[0].family.emit(unique, b)
+                b.gather_by_source = False
                 if new is not None:
                     b.size[new] = len(unique)
                     info = unique[0].info

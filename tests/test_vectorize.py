@@ -1,5 +1,6 @@
 """vectorize: which groups become one vectorized node. A group too small to vectorize for its own sake, of
-stacks or sums over rows of groups, is one gather only where that does not copy more rows than it reads."""
+stacks or sums over rows of groups, is one gather where that copies at most twice the rows it reads, or
+where gathering from each source first saves reading many rows one by one."""
 import operator
 
 import torch
@@ -45,3 +46,28 @@ def test_a_readout_over_all_rows_of_two_groups_is_one_gather():
     targets = _targets(compiled)
     assert targets.count(torch.ops.dynamo_relational.gather_reduce.default) == 1
     assert targets.count(operator.getitem) == 1   # the readout's own row; no term read one at a time
+
+
+class LoneNeuron(nn.Module):
+    """Neuron 0 has no in-neighbours: its output is its own scaled message, one row of the group of all
+    edges' messages, beside the group of the other neurons' sums."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, x):
+        out = [self.lin(x[0]) / 2.0]
+        for v in range(1, ROWS):
+            out.append(sum(self.lin(x[u]) / (u + v + 1) ** 0.5 for u in range(ROWS) if u != v))
+        return torch.stack(out)
+
+
+def test_a_readout_of_a_group_and_one_row_of_a_large_group_gathers_the_rows_it_reads():
+    """Concatenating both groups would copy every edge's message to read one of them; the stack instead
+    gathers that row from its group and the sums from theirs, rather than reading all rows one by one."""
+    torch.manual_seed(0)
+    compiled = assert_fast_compile_matches_eager(LoneNeuron(), torch.randn(ROWS, 3, dtype=torch.float64),
+                                                 inductor=False)
+    row_reads = [n for n in compiled.graph.graph.nodes if n.target is operator.getitem and type(n.args[1]) is int]
+    assert not row_reads and torch.stack not in _targets(compiled)
