@@ -1,18 +1,23 @@
-"""Row and scalar reads ``x[i]``, ``x[i, j]``: a group becomes one gather.
+"""Row and scalar reads ``x[i]``, ``x[i, j]``, ``x[i, :4]``: a group becomes one gather.
 
-Members must read the same tensor with the same number of integer indices
-(trailing full slices ``x[i, :]`` are allowed); the indices themselves differ
-per member and become a constant index tensor: ``index_select(x, 0, idx)``
-for one index, advanced indexing ``x[idx0, idx1]`` for more.
+Members must read the same tensor with the same number of integer indices,
+followed by the same constant basic indices (slices ``x[i, :4]``, ``...``,
+``None``); the integer indices differ per member and become a constant index
+tensor: ``index_select(x, 0, idx)`` for one index, advanced indexing
+``x[idx0, idx1]`` for more, then the shared slices apply after the member
+dimension. Indexing a neuron's value by constants only (``h[1:3]``,
+``h[[0, 2]]``, ``h[idx]`` with one index tensor for all members) applies the
+same index after the member dimension.
 """
 from __future__ import annotations
 
 import operator
 from typing import Sequence
 
+import torch
 import torch.fx as fx
 
-from .base import NeuronOp, OpFamily, register, tensor_info
+from .base import NeuronOp, OpFamily, TensorInfo, register, tensor_info
 
 _FULL = slice(None, None, None)
 
@@ -27,42 +32,62 @@ class Select(OpFamily):
             return "indexes something other than a tensor of static shape"
         if type(index) is int:   # x[i], the common case: what the general code below does for one int
             if src.rank < 1:
-                return f"index {index!r} is not integers followed by full slices"
+                return f"index {index!r} is not integers followed by constant slices"
             size = src.shape[0]
             if not -size <= index < size:
                 return f"index {index} out of range for dimension 0 of size {size}"
-            return NeuronOp(node, self, (self.name, src, 1, info), (source,), info, (index % size,))
+            return NeuronOp(node, self, (self.name, src, 1, (), info), (source,), info, (index % size,), ())
         parts = index if isinstance(index, tuple) else (index,)
         if parts and all(isinstance(p, slice) for p in parts) and len(parts) <= src.rank:
             return SLICE.describe_slices(node, source, src, parts, info)
+        if isinstance(index, (list, fx.Node)):   # (fx keeps lists as immutable_list)
+            return SLICE.describe_constant_index(node, source, index, info)
         ints = []
-        for j, part in enumerate(parts):
-            if type(part) is int and len(ints) == j:
-                ints.append(part)
-            elif not (part == _FULL or part is Ellipsis) or isinstance(part, fx.Node):
-                return f"index {index!r} is not integers followed by full slices"
-        if not ints or len(ints) > src.rank:
-            return f"index {index!r} is not integers followed by full slices"
+        for part in parts:
+            if type(part) is not int:
+                break
+            ints.append(part)
+        rest = parts[len(ints):]
+        if not ints or len(ints) > src.rank or not all(_basic_constant(p) for p in rest):
+            return f"index {index!r} is not integers followed by constant slices"
         normalized = []
         for dim, i in enumerate(ints):
             size = src.shape[dim]
             if not -size <= i < size:
                 return f"index {i} out of range for dimension {dim} of size {size}"
             normalized.append(i % size)
-        key = (self.name, src, len(ints), info)
-        return NeuronOp(node, self, key, (source,), info, tuple(normalized))
+        rest = () if all(p == _FULL or p is Ellipsis for p in rest) else rest   # x[i, :] is x[i]
+        key = (self.name, src, len(ints), tuple(_bounds(p) for p in rest), info)
+        return NeuronOp(node, self, key, (source,), info, tuple(normalized), rest)
 
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        first = members[0]
         source, batched = b.slot([m.operands[0] for m in members])
-        device = members[0].info.device
-        if len(members[0].consts) == 1 and not batched:
-            b.size.setdefault(source, tensor_info(members[0].operands[0]).shape[0])
-            return b.take(source, [m.consts[0] for m in members], members[0].info)
-        columns = [b.index([m.consts[d] for m in members], device) for d in range(len(members[0].consts))]
-        if batched:
-            rows = b.index(list(range(len(members))), device)
-            return b.graph.call_function(operator.getitem, (source, (rows, *columns)))
-        return b.graph.call_function(operator.getitem, (source, tuple(columns)))
+        src = tensor_info(first.operands[0])
+        device = first.info.device
+        if len(first.consts) == 1 and not batched:
+            b.size.setdefault(source, src.shape[0])
+            rows = b.take(source, [m.consts[0] for m in members], TensorInfo(src.shape[1:], src.dtype, device))
+        else:
+            columns = [b.index([m.consts[d] for m in members], device) for d in range(len(first.consts))]
+            if batched:
+                columns.insert(0, b.index(list(range(len(members))), device))
+            rows = b.graph.call_function(operator.getitem, (source, tuple(columns)))
+        if not first.template:
+            return rows
+        return b.graph.call_function(operator.getitem, (rows, (_FULL, *first.template)))
+
+
+def _basic_constant(part) -> bool:
+    """A constant basic index (a view, the same for every member): ``...``, ``None``, a slice of ints."""
+    if part is Ellipsis or part is None:
+        return True
+    return isinstance(part, slice) and all(v is None or type(v) is int for v in (part.start, part.stop, part.step))
+
+
+def _bounds(part):
+    """A hashable stand-in for a basic index (slices are unhashable before Python 3.12)."""
+    return (part.start, part.stop, part.step) if isinstance(part, slice) else part
 
 
 class Slice(OpFamily):
@@ -78,11 +103,28 @@ class Slice(OpFamily):
             bounds.append((p.start, p.stop, p.step))
         return NeuronOp(node, self, (self.name, src, tuple(bounds), info), (source,), info, (), parts)
 
+    def describe_constant_index(self, node, source, index, info) -> NeuronOp | str:
+        """``h[[0, 2]]`` or ``h[idx]``: one list of ints, or one index tensor, for every member."""
+        if isinstance(index, fx.Node):
+            idx = tensor_info(index)
+            if idx is None or not (idx.dtype in (torch.long, torch.int, torch.bool)):
+                return f"index {index.name} is not an integer or boolean tensor of static shape"
+            return NeuronOp(node, self, (self.name, "tensor", idx, info), (source, index), info, (), (index,))
+        if not all(type(i) is int for i in index):
+            return f"index {index!r} is not a list of ints"
+        return NeuronOp(node, self, (self.name, "list", tuple(index), info), (source,), info, (), (list(index),))
+
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         source, batched = b.slot([m.operands[0] for m in members])
         if not batched:
             return None
-        return b.graph.call_function(operator.getitem, (source, (slice(None), *members[0].template)))
+        index = members[0].template
+        if len(members[0].operands) > 1:   # an index tensor: the same one for every member
+            value, varies = b.slot([m.operands[1] for m in members])
+            if varies:
+                return None
+            index = (value,)
+        return b.graph.call_function(operator.getitem, (source, (slice(None), *index)))
 
 
 SLICE = Slice()

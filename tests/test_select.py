@@ -1,0 +1,56 @@
+"""The select family: row reads followed by constant slices (``x[v, :2]``, ``x[v, ..., 1:3]``) and constant
+indices into a neuron's value (``h[[0, 2]]``, ``h[idx]``) are gathered per group and match eager."""
+import pytest
+import torch
+from torch import nn
+
+from tests.conftest import assert_compiled_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager
+
+ROWS = 12
+
+
+class SplitFeatures(nn.Module):
+    """Each neuron splits its features: slices after the row index, lists and a shared index tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2, dtype=torch.float64)
+        self.register_buffer("pick", torch.tensor([3, 0]))
+
+    def forward(self, x, x3):
+        out = []
+        for v in range(ROWS):
+            h = torch.cat([x[v, 2:], x[v, :2]])
+            first = self.lin(x[v, 1:3]) + self.lin(h[[0, 2]]) + self.lin(h[self.pick])
+            second = x3[v, 1, ::2] + x3[v, ..., 1:3].sum(0) + x3[v, :, -2:][0] + x3[v, None][0, 2, :2]
+            out.append(torch.cat([first, second, x[v, -1:]]))
+        return torch.stack(out)
+
+
+def _inputs():
+    torch.manual_seed(0)
+    return torch.randn(ROWS, 4, dtype=torch.float64), torch.randn(ROWS, 3, 4, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_row_reads_with_slices_and_constant_indices_group_and_match_eager(front_end):
+    model = SplitFeatures()
+    if front_end == "backend":
+        report = assert_compiled_matches_eager(model, *_inputs(), inductor=False).graphs[0]
+    else:
+        report = assert_fast_compile_matches_eager(model, *_inputs(), inductor=False).report.graphs[0]
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 5
+
+
+def test_a_per_neuron_index_tensor_is_left_ungrouped_and_right():
+    """``h[i_v]`` with an index that differs per neuron: the group cannot share one index."""
+    class PerNeuronIndex(nn.Module):
+        def forward(self, x, picks):
+            return torch.stack([x[v][picks[v]] for v in range(ROWS)])
+
+    picks = torch.randint(0, 4, (ROWS, 2))
+    x = _inputs()[0].requires_grad_()
+    out = torch.compile(PerNeuronIndex(), backend="relational", options={"strict": True})(x, picks)
+    torch.testing.assert_close(out, PerNeuronIndex()(x, picks))
