@@ -61,7 +61,7 @@ BODIES = {
     "softmax": (lambda m, x, v, h: F.softmax(h, 0), "softmax"),
     "norm": (lambda m, x, v, h: h / h.norm(), "norm"),
     "powers": (lambda m, x, v, h: h ** 2 + h.pow(3), None),
-    "outer": (lambda m, x, v, h: torch.outer(h, x[v]).sum(1), "outer"),
+    "outer": (lambda m, x, v, h: torch.outer(h, x[v]).sum(1) + torch.outer(m.W[0], h)[1], None),
     "einsum": (lambda m, x, v, h: torch.einsum("ij,j->i", m.W, x[v]) + h, "einsum"),
 }
 

@@ -1,4 +1,4 @@
-"""Matrix products of one neuron: ``W @ h``, ``h @ W``, ``torch.dot``, ``F.linear``.
+"""Matrix products of one neuron: ``W @ h``, ``h @ W``, ``torch.dot``, ``F.linear``, ``torch.outer``.
 
 A weight shared by every member stays one operand: the group becomes a single
 ``mm``/``linear`` over the stacked rows. Per-member weights with a few
@@ -6,7 +6,8 @@ distinct values (``W[type] @ h``, one ``nn.Linear`` per type; at most
 ``max_typed_groups``) become one ``linear`` per weight over that weight's rows;
 beyond that, the weights are gathered into ``[k, out, in]`` and multiplied
 with a batched matmul.
-Supported member ranks: vector/matrix combinations up to 2-D.
+Supported member ranks: vector/matrix combinations up to 2-D. An outer
+product of vectors becomes a broadcast product of the batched vectors.
 """
 from __future__ import annotations
 
@@ -113,6 +114,29 @@ class Linear(OpFamily):
         return g.call_function(operator.add, (out, bias))
 
 
+class Outer(OpFamily):
+    """``torch.outer(a, b)`` of vectors: ``a[:, None] * b[None, :]`` row by row, the same products."""
+    name = "outer"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        if len(node.args) != 2 or node.kwargs:
+            return "outer with extra arguments"
+        a, b = node.args
+        ai, bi, info = tensor_info(a), tensor_info(b), tensor_info(node)
+        if ai is None or bi is None or info is None or ai.rank != 1 or bi.rank != 1 or ai.dtype != bi.dtype:
+            return "outer of something other than two vectors of one dtype"
+        return NeuronOp(node, self, (self.name, ai, bi, info), (a, b), info)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        (left, batched_left), (right, batched_right) = (b.slot([m.operands[j] for m in members]) for j in (0, 1))
+        if not (batched_left or batched_right):
+            return None   # one product for every member: it is merged, not batched
+        g = b.graph
+        return g.call_function(torch.mul, (g.call_method("unsqueeze", (left, -1)),
+                                           g.call_method("unsqueeze", (right, -2))))
+
+
 MATMUL = register(Matmul(), functions=[operator.matmul, torch.matmul, torch.mm, torch.mv, torch.dot],
                   methods=["matmul", "mm", "mv", "dot", "__matmul__"])
 LINEAR = register(Linear(), functions=[F.linear])
+OUTER = register(Outer(), functions=[torch.outer, torch.ger], methods=["outer", "ger"])
