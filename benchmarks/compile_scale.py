@@ -30,7 +30,7 @@ import time
 from dynamo_relational.passes import OPTIONAL_PASSES, PIPELINE
 
 
-#: the passes every compile runs (the first six see every FX node); the others are the optimizer's
+#: the passes every compile runs (most see every FX node); the others are the optimizer's
 REQUIRED_PASSES = tuple(name for name, _ in PIPELINE if name not in OPTIONAL_PASSES)
 
 

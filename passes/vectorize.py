@@ -269,11 +269,13 @@ def _unique_members(ops):
 def _small_group_form(members: list, b: GroupBuilder) -> str | None:
     """Whether a group too small to vectorize for its own sake, of stacks or aggregations over rows of
     groups (a readout over all neurons), still runs as one gather from those groups (``"gather"``, or
-    ``"gather by source"``) rather than as copies reading each row (None). The gather reads its rows in place from one source. From several it first
-    concatenates them where that copies at most twice the rows it reads, else it gathers the rows from
-    each source first, a node or two per source: worth it for many rows (a readout that also reads one
-    row of the input), not for a recurrent cell adding one input row per step (``h = tanh(W h + x[t])``),
-    which would otherwise copy all of ``x``, or a row of it, on every step."""
+    ``"gather by source"``) rather than as copies reading each row (None).
+
+    The gather reads its rows in place from one source. From several it first concatenates them where
+    that copies at most twice the rows it reads, else it gathers the rows from each source first, a node
+    or two per source: worth it for many rows (a readout that also reads one row of the input), not for
+    a recurrent cell adding one input row per step (``h = tanh(W h + x[t])``), which would otherwise
+    copy all of ``x``, or a row of it, on every step."""
     terms = [t for op in members for t in op.operands]
     if not members[0].variadic or not any(t in b.rows for t in terms):
         return None

@@ -40,8 +40,8 @@ BODIES = {
     "narrow": (lambda m, x, v, h: torch.cat([h.narrow(0, 0, 2), x[v][2:]]), "narrow"),
     "expand": (lambda m, x, v, h: x[v][0:1].expand(4) * h, "expand"),
     "flip": (lambda m, x, v, h: h.flip(0), "flip"),
-    "chunk": (lambda m, x, v, h: torch.cat(h.chunk(2)[::-1]), "chunk"),
-    "unbind": (lambda m, x, v, h: torch.stack(list(h.unbind(0))[::-1]), "unbind"),
+    "chunk": (lambda m, x, v, h: torch.cat(h.chunk(2)[::-1]), None),   # Dynamo reads each piece: split_views
+    "unbind": (lambda m, x, v, h: torch.stack(list(h.unbind(0))[::-1]), None),
     # mixed dtypes
     "through_float32": (lambda m, x, v, h: h.float().double(), None),
     "promote_int64": (lambda m, x, v, h: h + torch.arange(4), "arange"),
