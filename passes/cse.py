@@ -144,7 +144,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 skip = _skipped_by_target(node)
             if skip is _DEPENDS:
                 skip = _skipped(node)
-            elif not skip and kwargs and (kwargs.get("inplace") is True or "out" in kwargs):
+            elif not skip and kwargs and (kwargs.get("inplace") is True or kwargs.get("out") is not None):
                 skip = True   # is_in_place's check of the keywords, the rest of it is in _skipped_by_target
             if skip:
                 continue

@@ -38,7 +38,7 @@ def is_in_place(node: fx.Node) -> bool:
     if op != "call_function" and op != "call_method":
         return False
     kwargs = node.kwargs
-    if kwargs and (kwargs.get("inplace") is True or "out" in kwargs):
+    if kwargs and (kwargs.get("inplace") is True or kwargs.get("out") is not None):   # (out=None is no output)
         return True
     return target_in_place(op, node.target)
 

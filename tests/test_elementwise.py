@@ -2,9 +2,10 @@
 casts group like arithmetic, through both front-ends, and match eager."""
 import pytest
 import torch
+import torch.fx as fx
 from torch import nn
 
-from dynamo_relational.passes.inplace import target_in_place
+from dynamo_relational.passes.inplace import is_in_place, target_in_place
 from tests.conftest import assert_compiled_matches_eager
 from tests.test_frontend import assert_fast_compile_matches_eager
 
@@ -62,3 +63,11 @@ def test_masked_fill_with_a_tensor_value_per_neuron_is_left_ungrouped_and_right(
 
     report = assert_fast_compile_matches_eager(PerNeuronFill(), _inputs()[0], inductor=False).report.graphs[0]
     assert "masked_fill with a tensor value" in report.ungrouped
+
+
+def test_an_out_argument_of_none_is_not_in_place():
+    """``F.normalize`` passes ``out=None`` on: it writes no output, so the graph may still be grouped."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    assert not is_in_place(graph.call_function(torch.nn.functional.normalize, (x,), {"dim": 0, "out": None}))
+    assert is_in_place(graph.call_function(torch.add, (x, 1.0), {"out": x}))

@@ -43,7 +43,7 @@ class Elementwise(OpFamily):
         if info is None:
             return "output is not a tensor of static shape"
         node_kwargs = node.kwargs
-        if node_kwargs and (node_kwargs.get("inplace") or "out" in node_kwargs):
+        if node_kwargs and (node_kwargs.get("inplace") or node_kwargs.get("out") is not None):
             return "in-place or out= variant"
         arithmetic = node.target in _ARITHMETIC and info.dtype.is_floating_point
         operands: list[fx.Node] = []

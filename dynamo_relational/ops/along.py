@@ -1,0 +1,103 @@
+"""Ops along dimensions of one neuron's value: ``softmax``, ``log_softmax``, ``cumsum``, ``cumprod``,
+``logsumexp``, ``F.normalize`` and vector norms (``att = torch.softmax(scores, 0)``, ``h / h.norm()``).
+
+A group applies the op to the batched operand ``[k, *shape]`` along the
+members' dimensions shifted by one. Legal because each of these ops treats
+the slices along its dimensions independently of every other dimension, so
+row ``r`` of the result is member ``r``'s own result. A norm over all
+dimensions (``h.norm()``) becomes ``linalg.vector_norm`` over all of a
+member's dimensions; ``torch.norm``'s ``"fro"`` is the vector 2-norm there.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .base import NeuronOp, OpFamily, hashable_const, node_args, register, tensor_info
+
+#: op -> (the function a group calls, the extra arguments it takes besides input and dim, with defaults)
+_OPS = {
+    "softmax": (torch.softmax, {"dtype": None}),
+    "log_softmax": (torch.log_softmax, {"dtype": None}),
+    "cumsum": (torch.cumsum, {"dtype": None}),
+    "cumprod": (torch.cumprod, {"dtype": None}),
+    "logsumexp": (torch.logsumexp, {"keepdim": False}),
+    "normalize": (F.normalize, {"p": 2.0, "eps": 1e-12}),
+    "norm": (torch.linalg.vector_norm, {"ord": 2, "keepdim": False}),
+}
+#: target -> (op, the target's argument names; ``input`` is the operand, ``p`` of a norm its ``ord``)
+_TARGETS = {
+    torch.softmax: ("softmax", ("input", "dim", "dtype")),
+    F.softmax: ("softmax", ("input", "dim", "_stacklevel", "dtype")),
+    "softmax": ("softmax", ("input", "dim", "dtype")),
+    torch.log_softmax: ("log_softmax", ("input", "dim", "dtype")),
+    F.log_softmax: ("log_softmax", ("input", "dim", "_stacklevel", "dtype")),
+    "log_softmax": ("log_softmax", ("input", "dim", "dtype")),
+    torch.cumsum: ("cumsum", ("input", "dim", "dtype", "out")), "cumsum": ("cumsum", ("input", "dim", "dtype")),
+    torch.cumprod: ("cumprod", ("input", "dim", "dtype", "out")), "cumprod": ("cumprod", ("input", "dim", "dtype")),
+    torch.logsumexp: ("logsumexp", ("input", "dim", "keepdim", "out")),
+    "logsumexp": ("logsumexp", ("input", "dim", "keepdim")),
+    F.normalize: ("normalize", ("input", "p", "dim", "eps", "out")),
+    torch.norm: ("norm", ("input", "p", "dim", "keepdim", "out", "dtype")),
+    "norm": ("norm", ("input", "p", "dim", "keepdim", "dtype")),
+    torch.linalg.vector_norm: ("norm", ("input", "ord", "dim", "keepdim", "dtype", "out")),
+}
+
+
+class Along(OpFamily):
+    name = "along"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        op, names = _TARGETS[node.target]
+        args = node_args(node, names)
+        if args is None or "input" not in args:
+            return f"{op} with unexpected arguments"
+        x = args.pop("input")
+        xi, info = tensor_info(x), tensor_info(node)
+        if xi is None or info is None or not xi.dtype.is_floating_point:
+            return f"{op} of something other than a floating tensor of static shape"
+        args.pop("_stacklevel", None)
+        if args.pop("out", None) is not None:
+            return f"{op} with out="
+        if op == "norm" and args.get("dtype", 0) is None:
+            del args["dtype"]   # the default
+        if op == "norm":
+            p = args.pop("p", args.pop("ord", "fro" if node.target is not torch.linalg.vector_norm else 2))
+            if p == "fro" or p is None:
+                p = 2
+            if type(p) not in (int, float):
+                return f"norm with p={p!r} (only vector norms are grouped)"
+            args["ord"] = p
+        dim = args.pop("dim", 1 if op == "normalize" else None)
+        if dim is None and op == "norm":
+            dims = tuple(range(xi.rank))
+        elif type(dim) is int and -max(xi.rank, 1) <= dim < max(xi.rank, 1):
+            dims = dim % max(xi.rank, 1)
+        elif op == "norm" and isinstance(dim, (list, tuple)) and dim and all(type(d) is int for d in dim):
+            dims = tuple(sorted(d % max(xi.rank, 1) for d in dim))
+        else:
+            return f"{op} along dim={dim!r}"
+        if xi.rank == 0:
+            return f"{op} of a 0-d value"
+        extra = dict(_OPS[op][1])
+        for key, value in args.items():
+            if key not in extra or not hashable_const(value):
+                return f"{op} with {key}={value!r}"
+            extra[key] = value
+        frozen = tuple(sorted(extra.items()))
+        return NeuronOp(node, self, (self.name, op, dims, frozen, xi, info), (x,), info, (), (op, dims, extra))
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        x, batched = b.slot([m.operands[0] for m in members])
+        if not batched:
+            return None
+        op, dims, extra = members[0].template
+        shifted = dims + 1 if type(dims) is int else tuple(d + 1 for d in dims)
+        return b.graph.call_function(_OPS[op][0], (x,), {"dim": shifted, **extra})
+
+
+ALONG = register(Along(), functions=[t for t in _TARGETS if not isinstance(t, str)],
+                 methods=[t for t in _TARGETS if isinstance(t, str)])
