@@ -58,3 +58,46 @@ def test_a_matrix_norm_is_left_ungrouped_and_right():
     report = assert_fast_compile_matches_eager(Nuclear(), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64),
                                                inductor=False).report.graphs[0]
     assert "norm with p='nuc' (only vector norms are grouped)" in report.ungrouped
+
+
+class Normalized(nn.Module):
+    """A layer norm (shared affine weights), an RMS norm and a plain layer norm over each neuron's value."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+        self.norm = nn.LayerNorm(4, dtype=torch.float64)
+        self.rms = nn.RMSNorm(4, dtype=torch.float64)
+
+    def forward(self, x, planes):
+        out = []
+        for v, nbrs in enumerate(NEIGHBORS):
+            h = torch.relu(self.lin(x[v])) + sum(x[u] for u in nbrs)
+            out.append(self.norm(h) + self.rms(h) + F.layer_norm(planes[v], (2, 3)).sum(0)[:4].repeat(2)[:4])
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_layer_norms_of_neurons_group_and_match_eager(front_end):
+    torch.manual_seed(0)
+    inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
+    if front_end == "backend":
+        report = assert_compiled_matches_eager(Normalized(), *inputs, inductor=False).graphs[0]
+    else:
+        report = assert_fast_compile_matches_eager(Normalized(), *inputs, inductor=False).report.graphs[0]
+    assert not any("norm" in reason for reason in report.ungrouped), report.ungrouped
+
+
+def test_layer_norms_with_their_own_weights_are_left_ungrouped_and_right():
+    class OwnNorms(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norms = nn.ModuleList(nn.LayerNorm(4, dtype=torch.float64) for _ in range(3))
+            for norm in self.norms:
+                nn.init.normal_(norm.weight)
+
+        def forward(self, x):
+            return torch.stack([self.norms[v % 3](x[v]) for v in range(len(NEIGHBORS))])
+
+    torch.manual_seed(0)
+    assert_fast_compile_matches_eager(OwnNorms(), torch.randn(len(NEIGHBORS), 4, dtype=torch.float64))

@@ -1,5 +1,6 @@
 """Ops along dimensions of one neuron's value: ``softmax``, ``log_softmax``, ``cumsum``, ``cumprod``,
-``logsumexp``, ``F.normalize`` and vector norms (``att = torch.softmax(scores, 0)``, ``h / h.norm()``).
+``logsumexp``, ``F.normalize``, vector norms (``att = torch.softmax(scores, 0)``, ``h / h.norm()``), and
+``F.layer_norm`` / ``F.rms_norm`` over a neuron's trailing dimensions.
 
 A group applies the op to the batched operand ``[k, *shape]`` along the
 members' dimensions shifted by one. Legal because each of these ops treats
@@ -7,6 +8,8 @@ the slices along its dimensions independently of every other dimension, so
 row ``r`` of the result is member ``r``'s own result. A norm over all
 dimensions (``h.norm()``) becomes ``linalg.vector_norm`` over all of a
 member's dimensions; ``torch.norm``'s ``"fro"`` is the vector 2-norm there.
+Layer norms normalize the trailing dimensions, which batching leaves last;
+their weight and bias must be shared by the group.
 """
 from __future__ import annotations
 
@@ -101,3 +104,54 @@ class Along(OpFamily):
 
 ALONG = register(Along(), functions=[t for t in _TARGETS if not isinstance(t, str)],
                  methods=[t for t in _TARGETS if isinstance(t, str)])
+
+
+class TrailingNorm(OpFamily):
+    """``F.layer_norm(h, shape, weight, bias, eps)`` and ``F.rms_norm(h, shape, weight, eps)``."""
+    name = "trailing_norm"
+    _NAMES = {F.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps"),
+              torch.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"),
+              F.rms_norm: ("input", "normalized_shape", "weight", "eps"),
+              torch.rms_norm: ("input", "normalized_shape", "weight", "eps")}
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        args = node_args(node, self._NAMES[node.target])
+        op = node.target.__name__   # layer_norm or rms_norm
+        if args is not None:
+            args.pop("cudnn_enable", None)   # (a backend hint)
+        if args is None or not isinstance(args.get("input"), fx.Node):
+            return f"{op} with unexpected arguments"
+        x, shape, eps = args["input"], args.get("normalized_shape"), args.get("eps")
+        xi, info = tensor_info(x), tensor_info(node)
+        if xi is None or info is None or not xi.dtype.is_floating_point:
+            return f"{op} of something other than a floating tensor of static shape"
+        if not hashable_const(shape) or not (eps is None or type(eps) is float):
+            return f"{op} with normalized_shape={shape!r}, eps={eps!r}"
+        affine = (args.get("weight"), args.get("bias"))
+        if any(a is not None and tensor_info(a) is None for a in affine):
+            return f"{op} with a weight or bias that is not a tensor of static shape"
+        key = (self.name, op, tuple(shape) if isinstance(shape, (list, tuple)) else shape, eps, xi, info,
+               tuple(tensor_info(a) if a is not None else None for a in affine))
+        return NeuronOp(node, self, key, (x, *affine), info, (), (op, shape, eps))
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        first = members[0]
+        x, batched = b.slot([m.operands[0] for m in members])
+        affine = []
+        for j in (1, 2):
+            if first.operands[j] is None:
+                affine.append(None)
+                continue
+            value, varies = b.slot([m.operands[j] for m in members])
+            if varies:
+                return None   # one weight (or bias) per member: not one layer norm
+            affine.append(value)
+        if not batched:
+            return None
+        op, shape, eps = first.template
+        if op == "layer_norm":
+            return b.graph.call_function(F.layer_norm, (x, shape, *affine, 1e-5 if eps is None else eps))
+        return b.graph.call_function(F.rms_norm, (x, shape, affine[0], eps))
+
+
+TRAILING_NORM = register(TrailingNorm(), functions=list(TrailingNorm._NAMES))
