@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+import dynamo_relational
 from tests.conftest import assert_compiled_matches_eager
 from tests.test_frontend import assert_fast_compile_matches_eager
 
@@ -54,3 +55,51 @@ def test_a_per_neuron_index_tensor_is_left_ungrouped_and_right():
     x = _inputs()[0].requires_grad_()
     out = torch.compile(PerNeuronIndex(), backend="relational", options={"strict": True})(x, picks)
     torch.testing.assert_close(out, PerNeuronIndex()(x, picks))
+
+
+TRIPLES = [(0, 0, 1), (1, 1, 2), (2, 0, 3), (3, 2, 0), (1, 2, 3), (0, 1, 2)]
+
+
+class TransE(nn.Module):
+    """Knowledge-graph scores -||e_h + r - e_t|| with embeddings looked up by indices made in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.entities = nn.Embedding(4, 3, dtype=torch.float64)
+        self.relations = nn.Embedding(3, 3, dtype=torch.float64)
+
+    def forward(self, scale):
+        return torch.stack([-(self.entities(torch.tensor(h)) + self.relations(torch.tensor(r))
+                              - self.entities(torch.tensor(t))).norm() * scale for h, r, t in TRIPLES])
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_embeddings_of_constant_indices_are_row_reads_that_group(front_end):
+    torch.manual_seed(0)
+    scale = torch.tensor(2.0, dtype=torch.float64)
+    if front_end == "backend":
+        report = assert_compiled_matches_eager(TransE(), scale, inductor=False).graphs[0]
+    else:
+        report = assert_fast_compile_matches_eager(TransE(), scale, inductor=False).report.graphs[0]
+    assert not any("embedding" in reason for reason in report.ungrouped), report.ungrouped
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_an_embedding_of_a_buffer_reads_the_buffers_value_on_every_call(front_end):
+    """A buffer may change between calls: its index is never baked into the graph as a constant."""
+    class ByBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(3, 2, dtype=torch.float64)
+            self.register_buffer("which", torch.tensor(1))
+
+        def forward(self, x):
+            return torch.stack([self.emb(self.which) * x[v] for v in range(ROWS)])
+
+    torch.manual_seed(0)
+    model, x = ByBuffer(), torch.randn(ROWS, 2, dtype=torch.float64)
+    compiled = torch.compile(model, backend="relational") if front_end == "backend" else \
+        dynamo_relational.compile(model, x)
+    for which in (1, 2, 0):
+        model.which.fill_(which)
+        torch.testing.assert_close(compiled(x), model(x))

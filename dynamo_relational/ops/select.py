@@ -7,7 +7,9 @@ tensor: ``index_select(x, 0, idx)`` for one index, advanced indexing
 ``x[idx0, idx1]`` for more, then the shared slices apply after the member
 dimension. Indexing a neuron's value by constants only (``h[1:3]``,
 ``h[[0, 2]]``, ``h[idx]`` with one index tensor for all members) applies the
-same index after the member dimension.
+same index after the member dimension. An embedding of a constant index made
+in ``forward`` (``emb(torch.tensor(t))``, as in knowledge-graph models) is the
+row read ``emb.weight[t]``.
 """
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from typing import Sequence
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
-from .base import NeuronOp, OpFamily, TensorInfo, register, tensor_info
+from .base import NeuronOp, OpFamily, TensorInfo, node_args, register, tensor_info
 
 _FULL = slice(None, None, None)
 
@@ -26,6 +29,8 @@ class Select(OpFamily):
     name = "select"
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
+        if node.target is F.embedding:
+            return self._describe_embedding(node)
         source, index = node.args
         src, info = tensor_info(source), tensor_info(node)
         if src is None or info is None:
@@ -60,6 +65,22 @@ class Select(OpFamily):
         key = (self.name, src, len(ints), tuple(_bounds(p) for p in rest), info)
         return NeuronOp(node, self, key, (source,), info, tuple(normalized), rest)
 
+    def _describe_embedding(self, node: fx.Node) -> NeuronOp | str:
+        args = node_args(node, ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq",
+                                "sparse"))
+        if args is None or "weight" not in args:
+            return "embedding with unexpected arguments"
+        if args.get("padding_idx") is not None or args.get("max_norm") is not None \
+                or args.get("scale_grad_by_freq") or args.get("sparse"):
+            return "embedding with padding_idx, max_norm, scale_grad_by_freq or sparse"
+        weight, index = args["weight"], _constant_int(args.get("input"))
+        src, info = tensor_info(weight), tensor_info(node)
+        if index is None or src is None or info is None or src.rank != 2:
+            return "embedding of an index that is not one integer made in forward"
+        if not 0 <= index < src.shape[0]:
+            return f"embedding index {index} out of range for {src.shape[0]} rows"
+        return NeuronOp(node, self, (self.name, src, 1, (), info), (weight,), info, (index,), ())
+
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         first = members[0]
         source, batched = b.slot([m.operands[0] for m in members])
@@ -76,6 +97,25 @@ class Select(OpFamily):
         if not first.template:
             return rows
         return b.graph.call_function(operator.getitem, (rows, (_FULL, *first.template)))
+
+
+def _constant_int(node) -> int | None:
+    """The value of a 0-d integer tensor built from a Python int inside ``forward``: Dynamo's
+    ``torch.tensor(3)``, or the constant the fast front-end records for it (never a model buffer,
+    whose value may change between calls)."""
+    if not isinstance(node, fx.Node):
+        return None
+    if node.op == "call_function" and node.target is torch.tensor:
+        value = node.args[0] if len(node.args) == 1 else None
+        dtype = node.kwargs.get("dtype", torch.long)
+        if type(value) is int and set(node.kwargs) <= {"dtype", "device"} and dtype in (torch.long, torch.int):
+            return value
+        return None
+    if node.op == "get_attr" and node.target.startswith("_tensor_constant") and node.graph.owning_module is not None:
+        value = getattr(node.graph.owning_module, node.target, None)
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype in (torch.long, torch.int):
+            return int(value)
+    return None
 
 
 def _basic_constant(part) -> bool:
@@ -128,4 +168,4 @@ class Slice(OpFamily):
 
 
 SLICE = Slice()
-SELECT = register(Select(), functions=[operator.getitem])
+SELECT = register(Select(), functions=[operator.getitem, F.embedding])
