@@ -62,7 +62,7 @@ BODIES = {
     "norm": (lambda m, x, v, h: h / h.norm(), None),
     "powers": (lambda m, x, v, h: h ** 2 + h.pow(3), None),
     "outer": (lambda m, x, v, h: torch.outer(h, x[v]).sum(1) + torch.outer(m.W[0], h)[1], None),
-    "einsum": (lambda m, x, v, h: torch.einsum("ij,j->i", m.W, x[v]) + h, "einsum"),
+    "einsum": (lambda m, x, v, h: torch.einsum("ij,j->i", m.W, x[v]) + h, None),
 }
 
 
