@@ -160,3 +160,13 @@ def test_guard_benchmark_measures_every_call_path():
     assert row["neurons"] > 0
     for key in ("whole_ms", "graph_ms", "unsafe_ms", "filtered_ms", "frontend_ms"):
         assert row[key] > 0, key
+
+
+def test_idioms_benchmark_groups_every_idiom_and_matches_eager():
+    from benchmarks import idioms
+
+    rows = idioms.main(["--graphs", "1", "--repeats", "1", "--no-inductor"])
+    assert [r["idiom"] for r in rows] == list(idioms.IDIOMS)
+    for r in rows:
+        assert r["ungrouped"] == 0 and r["nodes_after"] < r["nodes_before"] / 3, r
+        assert r["max_abs_diff"] < 1e-5 and r["compiled_ms"] > 0 and r["eager_ms"] > 0, r
