@@ -56,9 +56,10 @@ class Elementwise(OpFamily):
             return str(e)
         if not operands:
             return "no tensor operand"
-        if node.target in _SCALAR_VALUE and isinstance(node.args[2] if len(node.args) > 2 else node_kwargs.get("value"),
-                                                         fx.Node):
-            return "masked_fill with a tensor value"   # batched, the value would not be 0-d
+        if node.target in _SCALAR_VALUE:
+            value = node.args[2] if len(node.args) > 2 else node_kwargs.get("value")
+            if isinstance(value, fx.Node):
+                return "masked_fill with a tensor value"   # batched, the value would not be 0-d
         if len(operands) > 1 and info.rank > 0:
             infos = [tensor_info(o) for o in operands]
             if len({i.dtype for i in infos}) > 1 and any(i.rank == 0 for i in infos):
