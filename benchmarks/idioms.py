@@ -7,7 +7,7 @@ Each idiom is a small one-layer model written one neuron at a time over a
 Mutagenesis-shaped batch (``--graphs`` graphs): masks from comparisons and
 ``&`` with ``masked_fill`` and casts; LSTM-style gates split with ``chunk``;
 GAT attention (``softmax`` over the stacked neighbour scores); ``LayerNorm``;
-a gated-graph ``nn.GRUCell`` update; bilinear ``einsum`` messages; type
+a gated-graph ``nn.GRUCell`` update; an ``nn.LSTMCell`` update; bilinear ``einsum`` messages; type
 embeddings looked up with ``emb(torch.tensor(t))``; feature slices
 ``x[v, :4]``, ``x[u, 4:]``; and a GCN-style sum of scaled messages whose neurons without
 in-neighbours keep their own scaled message (a readout mixing two groups).
@@ -106,6 +106,19 @@ class GatedUpdate(_PerNeuron):
                             for v, nbrs in enumerate(self.in_nbrs)])
 
 
+class LstmUpdate(_PerNeuron):
+    def __init__(self, batch: GraphBatch):
+        super().__init__(batch)
+        self.message = nn.Linear(WIDTH, WIDTH)
+        self.cell = nn.LSTMCell(WIDTH, WIDTH)
+
+    def forward(self, x):
+        h = [self.lin(x[v]) for v in range(len(self.in_nbrs))]
+        states = [self.cell(sum((self.message(h[u]) for u in nbrs), h[v]).unsqueeze(0))
+                  for v, nbrs in enumerate(self.in_nbrs)]
+        return torch.stack([(hy + cy)[0] for hy, cy in states])
+
+
 class Bilinear(_PerNeuron):
     def __init__(self, batch: GraphBatch):
         super().__init__(batch)
@@ -151,7 +164,7 @@ class LoneNeurons(_PerNeuron):
 
 
 IDIOMS = {"masks": Masks, "chunked_gates": ChunkedGates, "attention": Attention, "layer_norm": Normalized,
-          "gru_update": GatedUpdate, "einsum": Bilinear, "embeddings": TypeEmbeddings,
+          "gru_update": GatedUpdate, "lstm_update": LstmUpdate, "einsum": Bilinear, "embeddings": TypeEmbeddings,
           "feature_slices": FeatureSlices, "lone_neurons": LoneNeurons}
 
 
