@@ -1,13 +1,18 @@
-"""Turn in-place accumulation into pure ops; find the in-place ops that remain.
+"""Turn in-place ops on fresh temporaries into pure ops; find the in-place ops that remain.
 
 Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
-``alpha``) into ``acc + t``. Legal when ``acc`` is a fresh temporary: produced
-by an arithmetic op, ``torch.zeros`` or ``torch.clone`` (not a view, input or
-parameter) whose only user is the in-place op, and the result has ``acc``'s
-shape and dtype. Then nothing else can observe the mutation. Every other in-place op is recorded in
-``ctx.keep_order``; the grouping pass then leaves the graph as it is, since
-grouping copies values that in-place ops may alias. When none is left, a
-``clone`` that is only read is replaced by its input (same value, one node less).
+``alpha``) into ``acc + t``, an activation with ``inplace=True``
+(``nn.ReLU(inplace=True)``) into the plain call, and an in-place method or
+function whose plain form is in the neuron-op catalog (``h.relu_()``,
+``torch.sigmoid_(h)``) into that form. Legal when ``acc`` (``h``) is a fresh
+temporary: produced by an arithmetic op, ``torch.zeros`` or ``torch.clone``
+(not a view, input or parameter) whose only user is the in-place op, and the
+result has its shape and dtype. Then nothing else can observe the mutation,
+and the plain op computes the same values. Every other in-place op is
+recorded in ``ctx.keep_order``; the grouping pass then leaves the graph as it
+is, since grouping copies values that in-place ops may alias. When none is
+left, a ``clone`` that is only read is replaced by its input (same value, one
+node less).
 """
 from __future__ import annotations
 
@@ -15,9 +20,10 @@ import operator
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from dynamo_relational.ops import REGISTRY, tensor_info
-from dynamo_relational.ops.elementwise import ELEMENTWISE
+from dynamo_relational.ops.elementwise import ELEMENTWISE, RANDOM_IN_TRAINING
 from dynamo_relational.ops.matmul import LINEAR, MATMUL
 from dynamo_relational.ops.aggregate import AGGREGATE
 from dynamo_relational.ops.reduce import REDUCE
@@ -111,15 +117,46 @@ def _drop_read_only_clones(graph: fx.Graph) -> None:
             graph.erase_node(node)
 
 
+def _pure_call(node: fx.Node):
+    """``(op, target, kwargs)`` of the plain call that computes ``node``'s value, if known, else None."""
+    try:
+        pure = _PURE_FORM.get(node.target)
+    except TypeError:   # unhashable target
+        return None
+    if pure is not None:
+        return ("call_function", pure, {}) if len(node.args) == 2 and not node.kwargs else None
+    kwargs = node.kwargs
+    if kwargs.get("out") is not None:
+        return None
+    if kwargs.get("inplace") is True:   # F.relu(h, inplace=True)
+        if REGISTRY.family_of(node) is not ELEMENTWISE or node.target in RANDOM_IN_TRAINING:
+            return None
+        return node.op, node.target, {k: v for k, v in kwargs.items() if k != "inplace"}
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if not (name.endswith("_") and not name.endswith("__")):
+        return None
+    if node.op == "call_method":
+        plain = name[:-1]
+        return (node.op, plain, dict(kwargs)) if plain in REGISTRY.methods else None
+    for module in (torch, F):   # torch.relu_ -> torch.relu, F.elu_ -> F.elu
+        if getattr(module, name, None) is node.target:
+            plain = getattr(module, name[:-1], None)
+            if plain is not None and REGISTRY.functions.get(plain) is not None:
+                return node.op, plain, dict(kwargs)
+    return None
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node in gm.graph.nodes:
         if not is_in_place(node):
             continue
-        pure = _PURE_FORM.get(node.target)
+        call = _pure_call(node)
         target = node.args[0] if node.args else None
-        if (pure is not None and len(node.args) == 2 and not node.kwargs and isinstance(target, fx.Node)
+        if (call is not None and isinstance(target, fx.Node)
                 and _fresh_temporary(target, node) and tensor_info(node) == tensor_info(target)):
-            node.op, node.target = "call_function", pure
+            node.op, node.target = call[0], call[1]
+            if dict(node.kwargs) != call[2]:
+                node.kwargs = call[2]
             continue
         ctx.keep_order.append(f"in-place op {node.name} ({node.target})")
     if not ctx.keep_order:

@@ -4,8 +4,9 @@ A group becomes the same call on batched operands ``[k, *shape]``; operands
 shared by all members (a weight, a bias) are passed once and broadcast.
 Python scalars of arithmetic ops may differ between members (per-neuron
 offsets): they become a ``[k, 1, ...]`` constant of the result dtype.
-Comparisons, logical and bitwise ops, ``masked_fill`` with a constant and
-dtype casts (``h.to(torch.float64)``, ``m.float()``) group the same way.
+Comparisons, logical and bitwise ops, ``masked_fill`` with a constant,
+dtype casts (``h.to(torch.float64)``, ``m.float()``) and dropout outside
+training (the identity) group the same way.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .base import NeuronOp, OpFamily, freeze, hashable_const, is_scalar, register, tensor_info
+from .base import NeuronOp, OpFamily, freeze, hashable_const, is_scalar, node_args, register, tensor_info
 
 
 class _Slot:
@@ -56,6 +57,8 @@ class Elementwise(OpFamily):
             return str(e)
         if not operands:
             return "no tensor operand"
+        if node.target in RANDOM_IN_TRAINING and _training(node):
+            return "dropout in training mode draws random numbers (it keeps its place in the graph)"
         if node.target in _SCALAR_VALUE:
             value = node.args[2] if len(node.args) > 2 else node_kwargs.get("value")
             if isinstance(value, fx.Node):
@@ -146,7 +149,19 @@ _METHODS = ["relu", "sigmoid", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqr
             "bitwise_xor", "bitwise_not", "masked_fill", "where",
             # casts: a constant dtype (or another tensor's, ``type_as``) applies row by row
             "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool"]
+#: dropout: the identity outside training (grouped), random numbers in training (left alone, in order)
+RANDOM_IN_TRAINING = {F.dropout: ("input", "p", "training", "inplace"), torch.dropout: ("input", "p", "train")}
+
+
+def _training(node: fx.Node) -> bool:
+    """Whether a dropout ``node`` may be in training mode (anything but a literal ``training=False``)."""
+    names = RANDOM_IN_TRAINING[node.target]
+    args = node_args(node, names)
+    return args is None or args.get(names[2], True) is not False
+
+
 #: ops whose ``value`` argument (third) must be one Python scalar, not a tensor per member
 _SCALAR_VALUE = {torch.masked_fill, "masked_fill"}
 
-ELEMENTWISE = register(Elementwise(), functions=_UNARY + _BINARY + _COMPARE + _LOGICAL, methods=_METHODS)
+ELEMENTWISE = register(Elementwise(), functions=_UNARY + _BINARY + _COMPARE + _LOGICAL + list(RANDOM_IN_TRAINING),
+                       methods=_METHODS)
