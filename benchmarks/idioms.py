@@ -4,7 +4,8 @@
                                 [--no-inductor]
 
 Each idiom is a small one-layer model written one neuron at a time over a
-Mutagenesis-shaped batch (``--graphs`` graphs): masks from comparisons and
+Mutagenesis-shaped batch (``--graphs`` graphs): ``nn.ReLU(inplace=True)``
+and ``nn.Dropout`` in eval mode; masks from comparisons and
 ``&`` with ``masked_fill`` and casts; LSTM-style gates split with ``chunk``;
 GAT attention (``softmax`` over the stacked neighbour scores); ``LayerNorm``;
 a gated-graph ``nn.GRUCell`` update; an ``nn.LSTMCell`` update; bilinear ``einsum`` messages; type
@@ -41,6 +42,18 @@ class _PerNeuron(nn.Module):
         for u, v in batch.edges:
             self.in_nbrs[v].append(u)
         self.lin = nn.Linear(batch.x.shape[1], WIDTH)
+
+
+class InPlaceReLU(_PerNeuron):
+    def __init__(self, batch: GraphBatch):
+        super().__init__(batch)
+        self.act = nn.ReLU(inplace=True)
+        self.drop = nn.Dropout(0.5)
+        self.eval()   # dropout is the identity: inference
+
+    def forward(self, x):
+        return torch.stack([self.drop(self.act(sum((self.lin(x[u]) for u in nbrs), self.lin(x[v]))))
+                            for v, nbrs in enumerate(self.in_nbrs)])
 
 
 class Masks(_PerNeuron):
@@ -163,7 +176,7 @@ class LoneNeurons(_PerNeuron):
         return torch.stack(out)
 
 
-IDIOMS = {"masks": Masks, "chunked_gates": ChunkedGates, "attention": Attention, "layer_norm": Normalized,
+IDIOMS = {"inplace_relu": InPlaceReLU, "masks": Masks, "chunked_gates": ChunkedGates, "attention": Attention, "layer_norm": Normalized,
           "gru_update": GatedUpdate, "lstm_update": LstmUpdate, "einsum": Bilinear, "embeddings": TypeEmbeddings,
           "feature_slices": FeatureSlices, "lone_neurons": LoneNeurons}
 
