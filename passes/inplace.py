@@ -84,6 +84,11 @@ def _in_place_target(op: str, target) -> bool:
         name = getattr(target, "__name__", "")
     else:
         name = target
+    return _in_place_name(name)
+
+
+def _in_place_name(name: str) -> bool:
+    """PyTorch's naming of in-place variants: ``relu_``, ``add_`` (not dunders such as ``__add__``)."""
     return name.endswith("_") and not name.endswith("__")
 
 
@@ -133,7 +138,7 @@ def _pure_call(node: fx.Node):
             return None
         return node.op, node.target, {k: v for k, v in kwargs.items() if k != "inplace"}
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-    if not (name.endswith("_") and not name.endswith("__")):
+    if not _in_place_name(name):
         return None
     if node.op == "call_method":
         plain = name[:-1]

@@ -106,7 +106,7 @@ class GroupBuilder:
         """The rows that ``pairs`` read, each once, gathered source by source into one block: concatenating
         whole sources would copy far more rows than are read (one row of a large input beside a group)."""
         wanted = {src: list(dict.fromkeys(r for s, r in pairs if s is src)) for src in sources}
-        blocks = [self.take(src, wanted[src], self._row_info(src)) for src in sources]
+        blocks = [self.take(src, wanted[src], self.row_info(src)) for src in sources]
         block = self._cat(tuple(blocks))
         offset, at = {}, 0   # where each piece starts in the block (in _cat_order: single values first)
         for piece in self._cat_order(blocks):
@@ -115,7 +115,8 @@ class GroupBuilder:
                     for i, r in enumerate(wanted[src])}
         return block, [position[pair] for pair in pairs]
 
-    def _row_info(self, source: fx.Node) -> TensorInfo:
+    def row_info(self, source: fx.Node) -> TensorInfo:
+        """What one row of ``source`` (a tensor of static shape) is like, for :meth:`take`."""
         info = tensor_info(source)
         return TensorInfo(info.shape[1:], info.dtype, info.device)
 

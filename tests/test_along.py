@@ -6,8 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
 
 NEIGHBORS = [[1, 2], [0], [0, 1, 3], [2], [5], [4, 0], [7, 8, 9], [6], [1], [2, 3]]
 
@@ -41,10 +40,7 @@ class Attention(nn.Module):
 def test_ops_along_dimensions_group_and_match_eager(front_end):
     torch.manual_seed(0)
     inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(Attention(), *inputs, inductor=False).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(Attention(), *inputs, inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, Attention(), *inputs, inductor=False)
     assert not report.ungrouped, report.ungrouped   # (F.normalize's out=None was taken for an in-place op)
     assert report.nodes_after < report.nodes_before / 5
 
@@ -81,10 +77,7 @@ class Normalized(nn.Module):
 def test_layer_norms_of_neurons_group_and_match_eager(front_end):
     torch.manual_seed(0)
     inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(Normalized(), *inputs, inductor=False).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(Normalized(), *inputs, inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, Normalized(), *inputs, inductor=False)
     assert not any("norm" in reason for reason in report.ungrouped), report.ungrouped
 
 

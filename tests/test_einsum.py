@@ -4,8 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.test_frontend import report_matching_eager
 
 NEIGHBORS = [[1, 2], [0], [0, 1, 3], [2], [0]]
 
@@ -32,8 +31,5 @@ class Bilinear(nn.Module):
 def test_einsums_per_neuron_group_and_match_eager(front_end):
     torch.manual_seed(0)
     inputs = torch.randn(len(NEIGHBORS), 3, dtype=torch.float64), torch.randn(len(NEIGHBORS), 4, 3, dtype=torch.float64)
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(Bilinear(), *inputs, inductor=False).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(Bilinear(), *inputs, inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, Bilinear(), *inputs, inductor=False)
     assert not report.ungrouped, report.ungrouped

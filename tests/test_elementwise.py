@@ -6,8 +6,7 @@ import torch.fx as fx
 from torch import nn
 
 from dynamo_relational.passes.inplace import is_in_place, target_in_place
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
 
 ROWS, WIDTH = 16, 4
 
@@ -39,10 +38,7 @@ def _inputs():
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_masks_comparisons_and_casts_group_and_match_eager(front_end):
     model = Masks()
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(model, *_inputs()).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(model, *_inputs(), inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, model, *_inputs(), inductor=front_end == "backend")
     assert not report.ungrouped, report.ungrouped   # (``&`` was taken for an in-place op: nothing grouped)
     assert report.nodes_after < report.nodes_before / 10
 
@@ -97,10 +93,7 @@ def test_in_place_activations_on_fresh_values_and_eval_dropout_group_and_match_e
     """They used to keep the whole graph in its order (nothing grouped); dropout outside training is the identity."""
     model = InPlaceActivations().eval()
     x = _inputs()[0]
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(model, x, inductor=False).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(model, x, inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, model, x, inductor=False)
     assert not report.ungrouped, report.ungrouped
     assert report.nodes_after < report.nodes_before / 5
 

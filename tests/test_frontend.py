@@ -10,7 +10,7 @@ from examples.data import graph_batch, random_forest
 from examples.gcn import ScalarGCN
 from examples.sage import ScalarSAGE
 from examples.tree_lstm import ScalarTreeLSTM
-from tests.conftest import TOLERANCE
+from tests.conftest import TOLERANCE, assert_compiled_matches_eager
 from tests.test_examples import BUILDERS
 
 
@@ -34,6 +34,15 @@ def assert_fast_compile_matches_eager(model: nn.Module, *inputs: torch.Tensor, *
             assert g is not None, name
             torch.testing.assert_close(g, w, **tol, msg=lambda m: f"gradient of {name}: {m}")
     return compiled
+
+
+def report_matching_eager(front_end: str, model: nn.Module, *inputs: torch.Tensor, **options):
+    """Compile ``model`` through ``front_end`` (``"backend"``: ``torch.compile`` by way of ``explain``;
+    ``"fast"``: ``dynamo_relational.compile``), check outputs and gradients against eager, and return
+    the graph's report."""
+    if front_end == "backend":
+        return assert_compiled_matches_eager(model, *inputs, **options).graphs[0]
+    return assert_fast_compile_matches_eager(model, *inputs, **options).report.graphs[0]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

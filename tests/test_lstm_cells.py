@@ -3,8 +3,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
 
 NEIGHBORS = [[1, 2], [0], [0, 1, 3], [2], [5], [4, 0], [7, 8, 9], [6], [1], [2, 3]]
 WIDTH = 4
@@ -33,10 +32,7 @@ class GraphLSTM(nn.Module):
 def test_lstm_cells_per_neuron_group_and_match_eager(front_end, bias):
     torch.manual_seed(0)
     x = torch.randn(len(NEIGHBORS), WIDTH, dtype=torch.float64)
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(GraphLSTM(bias), x, inductor=False).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(GraphLSTM(bias), x, inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, GraphLSTM(bias), x, inductor=False)
     assert report.stats["lstm_cells"] == 3 * len(NEIGHBORS)
     assert not any("lstm" in reason or "indexes" in reason for reason in report.ungrouped), report.ungrouped
     assert report.nodes_after < report.nodes_before / 2

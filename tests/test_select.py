@@ -5,8 +5,7 @@ import torch
 from torch import nn
 
 import dynamo_relational
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.test_frontend import report_matching_eager
 
 ROWS = 12
 
@@ -37,10 +36,7 @@ def _inputs():
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_row_reads_with_slices_and_constant_indices_group_and_match_eager(front_end):
     model = SplitFeatures()
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(model, *_inputs(), inductor=False).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(model, *_inputs(), inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, model, *_inputs(), inductor=False)
     assert not report.ungrouped, report.ungrouped
     assert report.nodes_after < report.nodes_before / 5
 
@@ -77,10 +73,7 @@ class TransE(nn.Module):
 def test_embeddings_of_constant_indices_are_row_reads_that_group(front_end):
     torch.manual_seed(0)
     scale = torch.tensor(2.0, dtype=torch.float64)
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(TransE(), scale, inductor=False).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(TransE(), scale, inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, TransE(), scale, inductor=False)
     assert not any("embedding" in reason for reason in report.ungrouped), report.ungrouped
 
 

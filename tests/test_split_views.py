@@ -4,8 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
 
 ROWS, HIDDEN = 10, 3
 
@@ -34,10 +33,7 @@ class Gates(nn.Module):
 def test_pieces_of_splits_group_and_match_eager(front_end):
     torch.manual_seed(0)
     x = torch.randn(ROWS, HIDDEN, dtype=torch.float64)
-    if front_end == "backend":
-        report = assert_compiled_matches_eager(Gates(), x, inductor=False).graphs[0]
-    else:
-        report = assert_fast_compile_matches_eager(Gates(), x, inductor=False).report.graphs[0]
+    report = report_matching_eager(front_end, Gates(), x, inductor=False)
     # every piece read is rewritten (the fast front-end unpacks all four pieces of `first, *_`)
     assert report.stats["split_views"] >= ROWS * (4 + 2 + 1 + 2 + 1)
     assert not report.ungrouped, report.ungrouped

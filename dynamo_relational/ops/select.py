@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .base import NeuronOp, OpFamily, TensorInfo, node_args, register, tensor_info
+from .base import NeuronOp, OpFamily, node_args, register, tensor_info
 
 _FULL = slice(None, None, None)
 
@@ -88,7 +88,7 @@ class Select(OpFamily):
         device = first.info.device
         if len(first.consts) == 1 and not batched:
             b.size.setdefault(source, src.shape[0])
-            rows = b.take(source, [m.consts[0] for m in members], TensorInfo(src.shape[1:], src.dtype, device))
+            rows = b.take(source, [m.consts[0] for m in members], b.row_info(first.operands[0]))
         else:
             columns = [b.index([m.consts[d] for m in members], device) for d in range(len(first.consts))]
             if batched:
