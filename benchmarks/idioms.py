@@ -1,7 +1,7 @@
 """Idioms of per-neuron code beyond plain arithmetic, each compiled and eager, on one graph batch.
 
     python -m benchmarks.idioms [--graphs 20] [--idioms masks,attention,...] [--threads 1] [--repeats 20]
-                                [--no-inductor]
+                                [--no-inductor] [--device cuda]
 
 Each idiom is a small one-layer model written one neuron at a time over a
 Mutagenesis-shaped batch (``--graphs`` graphs): ``nn.ReLU(inplace=True)``
@@ -13,8 +13,9 @@ embeddings looked up with ``emb(torch.tensor(t))``; feature slices
 ``x[v, :4]``, ``x[u, 4:]``; and a GCN-style sum of scaled messages whose neurons without
 in-neighbours keep their own scaled message (a readout mixing two groups).
 Each is compiled with ``dynamo_relational.compile`` (Inductor, the default
-options; ``--no-inductor`` runs the grouped graph as it is, for a quick check). Printed per idiom: FX nodes before and after grouping, nodes left
-ungrouped, the compile time, the median forward times under ``no_grad`` of
+options; ``--no-inductor`` runs the grouped graph as it is, for a quick check) on ``--device``
+(the models build their constants on the input's device). Printed per idiom: FX nodes before and
+after grouping, nodes left ungrouped, the compile time, the median forward times under ``no_grad`` of
 the compiled and the eager model (measured in turns in one process), their
 ratio, and the largest difference of the outputs.
 """
@@ -115,7 +116,7 @@ class GatedUpdate(_PerNeuron):
 
     def forward(self, x):
         h = [self.lin(x[v]) for v in range(len(self.in_nbrs))]
-        return torch.stack([self.gru(sum((self.message(h[u]) for u in nbrs), torch.zeros(WIDTH)), h[v])
+        return torch.stack([self.gru(sum((self.message(h[u]) for u in nbrs), x.new_zeros(WIDTH)), h[v])
                             for v, nbrs in enumerate(self.in_nbrs)])
 
 
@@ -150,7 +151,8 @@ class TypeEmbeddings(_PerNeuron):
         self.emb = nn.Embedding(4, WIDTH)
 
     def forward(self, x):
-        h = [self.lin(x[v]) + self.emb(torch.tensor(self.types[v])) for v in range(len(self.in_nbrs))]
+        h = [self.lin(x[v]) + self.emb(torch.tensor(self.types[v], device=x.device))
+             for v in range(len(self.in_nbrs))]
         return torch.stack([torch.relu(sum((h[u] for u in nbrs), h[v])) for v, nbrs in enumerate(self.in_nbrs)])
 
 
@@ -162,7 +164,7 @@ class FeatureSlices(_PerNeuron):
 
     def forward(self, x):
         return torch.stack([torch.relu(self.first(x[v, :4]) + sum((self.second(x[u, 4:]) for u in nbrs),
-                                                                    torch.zeros(WIDTH)))
+                                                                    x.new_zeros(WIDTH)))
                             for v, nbrs in enumerate(self.in_nbrs)])
 
 
@@ -176,23 +178,25 @@ class LoneNeurons(_PerNeuron):
         return torch.stack(out)
 
 
-IDIOMS = {"inplace_relu": InPlaceReLU, "masks": Masks, "chunked_gates": ChunkedGates, "attention": Attention, "layer_norm": Normalized,
-          "gru_update": GatedUpdate, "lstm_update": LstmUpdate, "einsum": Bilinear, "embeddings": TypeEmbeddings,
-          "feature_slices": FeatureSlices, "lone_neurons": LoneNeurons}
+IDIOMS = {"inplace_relu": InPlaceReLU, "masks": Masks, "chunked_gates": ChunkedGates, "attention": Attention,
+          "layer_norm": Normalized, "gru_update": GatedUpdate, "lstm_update": LstmUpdate, "einsum": Bilinear,
+          "embeddings": TypeEmbeddings, "feature_slices": FeatureSlices, "lone_neurons": LoneNeurons}
 
 
-def measure(name: str, graphs: int, repeats: int, inductor: bool = True) -> dict:
+def measure(name: str, graphs: int, repeats: int, inductor: bool = True, device: str = "cpu") -> dict:
     import dynamo_relational
 
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs)
-    model, x = IDIOMS[name](batch), batch.x
+    model, x = IDIOMS[name](batch).to(device), batch.x.to(device)
+    synchronize = torch.cuda.synchronize if x.is_cuda else (lambda: None)   # time the kernels, not their launch
     start = time.perf_counter()
     compiled = dynamo_relational.compile(model, x, progress=False, inductor=inductor)
     compile_s = time.perf_counter() - start
     report = compiled.report.graphs[0]
     with torch.no_grad():
-        times = interleaved_medians_ms({"compiled": lambda: compiled(x), "eager": lambda: model(x)}, repeats)
+        times = interleaved_medians_ms({"compiled": lambda: (compiled(x), synchronize()),
+                                        "eager": lambda: (model(x), synchronize())}, repeats)
         diff = (compiled(x) - model(x)).abs().max().item()
     return dict(idiom=name, nodes_before=report.nodes_before, nodes_after=report.nodes_after,
                 ungrouped=sum(report.ungrouped.values()), compile_s=compile_s, compiled_ms=times["compiled"],
@@ -206,6 +210,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--no-inductor", action="store_true", help="run the grouped graph without Inductor")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args(argv)
     names = [n for n in args.idioms.split(",") if n]
     unknown = [n for n in names if n not in IDIOMS]
@@ -218,7 +223,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print("|---|---|---|---|---|---|---|---|")
     rows = []
     for name in names:
-        r = measure(name, args.graphs, args.repeats, inductor=not args.no_inductor)
+        r = measure(name, args.graphs, args.repeats, inductor=not args.no_inductor, device=args.device)
         rows.append(r)
         print(f"| {name} | {r['nodes_before']:,} -> {r['nodes_after']:,} | {r['ungrouped']:,} | {r['compile_s']:.1f} "
               f"| {r['compiled_ms']:.2f} | {r['eager_ms']:.2f} | {r['ratio']:.3f} | {r['max_abs_diff']:.1e} |",

@@ -6,8 +6,8 @@ arguments (nodes by identity, constants by type and value) compute the same
 value when the op is pure: every op in the neuron-op catalog is, so are
 layout views such as ``W.T`` (merged so that a weight stays one shared
 operand), and in-place variants are excluded. Equal small tensor constants
-and equal calls of deterministic factories (``torch.zeros(8)`` once per
-neuron) merge. Merging shrinks the graph before grouping. Graphs that keep
+and equal calls of deterministic factories (``torch.zeros(8)`` or
+``x.new_zeros(8)`` once per neuron) merge. Merging shrinks the graph before grouping. Graphs that keep
 in-place ops are left alone.
 """
 from __future__ import annotations
@@ -73,11 +73,15 @@ _VIEW_FUNCTIONS = {torch.t, torch.transpose, torch.permute}
 
 _FACTORIES = {torch.zeros, torch.ones, torch.full, torch.zeros_like, torch.ones_like, torch.full_like,
               torch.tensor, torch.arange, torch.eye}
+#: their method forms (``x.new_zeros(8)``): the receiver gives only dtype and device, never values
+_FACTORY_METHODS = {"new_zeros", "new_ones", "new_full", "new_tensor"}
 
 
-def _is_factory(node: fx.Node) -> bool:
-    """Deterministic tensor factories (``torch.zeros(8)`` once per neuron): equal calls, equal values.
-    Merging them is legal because no in-place op is left to write into one of them."""
+def is_factory(node: fx.Node) -> bool:
+    """Deterministic tensor factories (``torch.zeros(8)`` or ``x.new_zeros(8)`` once per neuron): equal
+    calls, equal values. Merging them is legal because no in-place op is left to write into one of them."""
+    if node.op == "call_method":
+        return node.target in _FACTORY_METHODS
     if node.op != "call_function":
         return False
     try:
@@ -164,7 +168,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 def _skipped(node: fx.Node) -> bool:
     """Nodes that never merge: ops outside the catalog that are not known pure views or
     factories, and in-place ops."""
-    return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not _is_factory(node)) \
+    return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not is_factory(node)) \
         or is_in_place(node)
 
 
@@ -180,5 +184,5 @@ def _skipped_by_target(node: fx.Node):
     op, target = node.op, node.target
     if op == "call_function" and target is getattr:
         return _DEPENDS
-    return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not _is_factory(node)) \
+    return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not is_factory(node)) \
         or target_in_place(op, target)

@@ -14,6 +14,11 @@ computed; the one with the fewest groups wins. Where the hint splits no
 signature, the schedules without it would be the same and are not run.
 Members of a group are pairwise independent by construction of both
 schedules, which makes vectorizing them legal. The result is ``ctx.groups``, in execution order.
+
+Nodes outside the catalog run alone, in their original relative order (they
+may be impure), and are reported as left ungrouped. Deterministic factory
+calls (``torch.zeros(8)``, ``x.new_zeros(8)``; CSE merged the equal ones) are
+constants instead: they also run alone, but move freely and are not reported.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from dynamo_relational.ops import NeuronOp, describe
 
 from . import schedule
 from .context import PassContext
+from .cse import is_factory
 
 
 @dataclass
@@ -69,15 +75,20 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     units = [n for n in gm.graph.nodes if n.op in _UNIT_OPS]
     index = {n: i for i, n in enumerate(units)}
     ops: list[NeuronOp | None] = []
+    #: indices of deterministic factory calls (``torch.zeros(8)``): constants, not work left ungrouped
+    constants = set()
     max_numel = opts.max_member_numel
-    for node in units:
+    for i, node in enumerate(units):
         op = describe(node) if not ctx.keep_order else f"graph keeps its order: {ctx.keep_order[0]}"
         if type(op) is not str:
             numel = _member_numel(op)
             if numel > max_numel:
                 op = f"{numel} elements per neuron > max_member_numel ({max_numel})"
         if type(op) is str:
-            ctx.leave_ungrouped(node, op)
+            if not ctx.keep_order and is_factory(node):
+                constants.add(i)
+            else:
+                ctx.leave_ungrouped(node, op)
             op = None
         ops.append(op)
 
@@ -91,9 +102,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     position = index.get
     preds = [[i for i in map(position, n.all_input_nodes) if i is not None] for n in units]
     # Ops outside the catalog may be impure (random numbers, I/O): keep their relative order.
+    # Factories are pure: they move freely.
     previous_alone = None
     for i, op in enumerate(ops):
-        if op is None:
+        if op is None and i not in constants:
             if previous_alone is not None:
                 preds[i].append(previous_alone)
             previous_alone = i

@@ -100,12 +100,14 @@ def _fresh_temporary(node: fx.Node, user: fx.Node) -> bool:
 
 def is_zeros(node) -> bool:
     """A new tensor of zeros on every call (an accumulator's start): ``torch.zeros(...)``,
-    ``torch.zeros_like(...)``, or the constant the fast front-end records for a tensor that
+    ``torch.zeros_like(...)``, ``x.new_zeros(...)``, or the constant the fast front-end records for a tensor that
     ``forward`` builds from Python values alone (``_tensor_constant*``; a model's buffers are not)."""
     if not isinstance(node, fx.Node):
         return False
     if node.op == "call_function":
         return node.target in (torch.zeros, torch.zeros_like)
+    if node.op == "call_method":
+        return node.target == "new_zeros"
     value = node.meta.get("example_value")
     return (node.op == "get_attr" and node.target.startswith("_tensor_constant")
             and isinstance(value, torch.Tensor) and not value.any())

@@ -10,7 +10,7 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import assert_as_close_to_float64_as_eager, assert_compiled_matches_eager
+from tests.conftest import TOLERANCE, assert_as_close_to_float64_as_eager, assert_compiled_matches_eager
 from tests.test_frontend import assert_fast_compile_matches_eager
 
 NEIGHBORS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4]]
@@ -44,8 +44,9 @@ BODIES = {
     "unbind": (lambda m, x, v, h: torch.stack(list(h.unbind(0))[::-1]), None),
     # mixed dtypes
     "through_float32": (lambda m, x, v, h: h.float().double(), None),
-    "promote_int64": (lambda m, x, v, h: h + torch.arange(4), "arange"),
-    "promote_float32": (lambda m, x, v, h: h * torch.ones(4, dtype=torch.float32), "ones"),
+    # (factory calls such as torch.arange are constants: never reported as ungrouped)
+    "promote_int64": (lambda m, x, v, h: h + torch.arange(4), None),
+    "promote_float32": (lambda m, x, v, h: h * torch.ones(4, dtype=torch.float32), None),
     "python_scalars": (lambda m, x, v, h: h * 3 + v, None),
     # integer, comparison and sorting ops
     "argmax": (lambda m, x, v, h: h * h.argmax(), "argmax"),
@@ -93,8 +94,11 @@ def test_unknown_ops_through_the_fast_front_end_match_eager(name):
 @pytest.mark.parametrize("name", ["narrow", "through_float32", "integer_arithmetic", "sort"])
 def test_unknown_ops_through_inductor_match_eager(name):
     model, x = _model_and_input(BODIES[name][0])
-    assert_compiled_matches_eager(model, x)
-    assert_fast_compile_matches_eager(model, x)
+    # Rounded through float32, a last-bit difference of the float64 value before it (Inductor may sum
+    # in another order) can move the result by one float32 step: float32's tolerance there.
+    tolerance = TOLERANCE[torch.float32] if name == "through_float32" else None
+    assert_compiled_matches_eager(model, x, tolerance=tolerance)
+    assert_fast_compile_matches_eager(model, x, tolerance=tolerance)
 
 
 def _branching(m, x, v, h):
