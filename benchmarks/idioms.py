@@ -11,7 +11,8 @@ GAT attention (``softmax`` over the stacked neighbour scores); ``LayerNorm``;
 a gated-graph ``nn.GRUCell`` update; an ``nn.LSTMCell`` update; bilinear ``einsum`` messages; type
 embeddings looked up with ``emb(torch.tensor(t))``; feature slices
 ``x[v, :4]``, ``x[u, 4:]``; and a GCN-style sum of scaled messages whose neurons without
-in-neighbours keep their own scaled message (a readout mixing two groups).
+in-neighbours keep their own scaled message (a readout mixing two groups); max pooling of the stacked
+messages with ``torch.max(messages, 0)[0]``; and PNA-style mean, max and standard deviation of them.
 Each is compiled with ``dynamo_relational.compile`` (Inductor, the default
 options; ``--no-inductor`` runs the grouped graph as it is, for a quick check) on ``--device``
 (the models build their constants on the input's device). Printed per idiom: FX nodes before and
@@ -168,6 +169,25 @@ class FeatureSlices(_PerNeuron):
                             for v, nbrs in enumerate(self.in_nbrs)])
 
 
+class MaxPool(_PerNeuron):
+    def forward(self, x):
+        out = []
+        for v, nbrs in enumerate(self.in_nbrs):
+            messages = torch.stack([torch.relu(self.lin(x[u])) for u in nbrs + [v]])
+            out.append(torch.max(messages, 0)[0])   # GraphSAGE's max pooling, as it is often written
+        return torch.stack(out)
+
+
+class Statistics(_PerNeuron):
+    def forward(self, x):
+        out = []
+        for v, nbrs in enumerate(self.in_nbrs):
+            messages = torch.stack([self.lin(x[u]) for u in nbrs + [v]])
+            spread = messages.std(0, unbiased=False)
+            out.append(torch.cat([messages.mean(0), messages.max(dim=0).values, spread]))   # PNA's aggregators
+        return torch.stack(out)
+
+
 class LoneNeurons(_PerNeuron):
     def forward(self, x):
         degree = [len(nbrs) + 1 for nbrs in self.in_nbrs]
@@ -180,7 +200,8 @@ class LoneNeurons(_PerNeuron):
 
 IDIOMS = {"inplace_relu": InPlaceReLU, "masks": Masks, "chunked_gates": ChunkedGates, "attention": Attention,
           "layer_norm": Normalized, "gru_update": GatedUpdate, "lstm_update": LstmUpdate, "einsum": Bilinear,
-          "embeddings": TypeEmbeddings, "feature_slices": FeatureSlices, "lone_neurons": LoneNeurons}
+          "embeddings": TypeEmbeddings, "feature_slices": FeatureSlices, "lone_neurons": LoneNeurons,
+          "max_pool": MaxPool, "statistics": Statistics}
 
 
 def measure(name: str, graphs: int, repeats: int, inductor: bool = True, device: str = "cpu") -> dict:

@@ -6,7 +6,7 @@ switched off one by one with ``options={"disable": ("name", ...)}``.
 """
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, fold_bias, fuse_linear,
                grouping, inplace, linear_layout, lstm_cells, mode_regions, padded_gathers, postpone_gathers,
-               recompute_gathers, rewrite_search, simplify_gathers, split_views, vectorize)
+               recompute_gathers, rewrite_search, simplify_gathers, split_views, values_indices, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
@@ -14,6 +14,7 @@ PIPELINE = (
     ("inplace", inplace.run),        # acc += t  ->  acc + t; find remaining in-place ops
     ("mode_regions", mode_regions.run),  # no_grad blocks -> detached values; other mode switches keep the order
     ("split_views", split_views.run),  # h.chunk(3)[j], torch.split(h, s)[j], h.unbind(0)[j] -> slices of h
+    ("values_indices", values_indices.run),  # torch.max(h, 0)[0], h.sort().indices -> one op per part
     ("lstm_cells", lstm_cells.run),  # torch.lstm_cell (nn.LSTMCell) -> its linears and gates
     ("aggregation", aggregation.run),  # + trees, sum(), stack().sum(0) -> n-ary aggregate
     ("cse", cse.run),                # merge duplicated reads and ops

@@ -1,4 +1,4 @@
-"""The along family: softmax, log_softmax, cumsum, cumprod, logsumexp, F.normalize and vector norms inside
+"""The along family: softmax, log_softmax, cumsum, cumprod, logsumexp, F.normalize, vector norms, std and var inside
 one neuron group along the members' dimensions shifted by one, and match eager (attention over a neuron's
 in-neighbours, as in GAT, is the common case)."""
 import pytest
@@ -43,6 +43,33 @@ def test_ops_along_dimensions_group_and_match_eager(front_end):
     report = report_matching_eager(front_end, Attention(), *inputs, inductor=False)
     assert not report.ungrouped, report.ungrouped   # (F.normalize's out=None was taken for an in-place op)
     assert report.nodes_after < report.nodes_before / 5
+
+
+class Statistics(nn.Module):
+    """PNA-style statistics of each neuron's stacked messages, in the forms std and var are called."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x, planes):
+        out = []
+        for v, nbrs in enumerate(NEIGHBORS):
+            m = torch.stack([self.lin(x[u]) for u in nbrs + [v]])   # at least two messages: std is defined
+            p = planes[v]
+            out.append(torch.cat([m.mean(0), m.std(0), m.std(0, unbiased=False), torch.var(m, dim=0, correction=0),
+                                  torch.std(m, False).reshape(1), m.var().reshape(1), torch.std(m, 0, True),
+                                  p.var(dim=(0, 1), keepdim=True).reshape(1), p.std(-1, correction=2)]))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_std_and_var_of_stacked_messages_group_and_match_eager(front_end):
+    torch.manual_seed(0)
+    inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
+    report = report_matching_eager(front_end, Statistics(), *inputs, inductor=False)
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 3   # (three stack shapes: one group of each op per shape)
 
 
 def test_a_matrix_norm_is_left_ungrouped_and_right():

@@ -1,5 +1,6 @@
 """Ops along dimensions of one neuron's value: ``softmax``, ``log_softmax``, ``cumsum``, ``cumprod``,
-``logsumexp``, ``F.normalize``, vector norms (``att = torch.softmax(scores, 0)``, ``h / h.norm()``), and
+``logsumexp``, ``F.normalize``, vector norms, ``std`` and ``var`` (``att = torch.softmax(scores, 0)``,
+``h / h.norm()``, ``torch.stack(messages).std(0)``), and
 ``F.layer_norm`` / ``F.rms_norm`` over a neuron's trailing dimensions.
 
 A group applies the op to the batched operand ``[k, *shape]`` along the
@@ -7,7 +8,8 @@ members' dimensions shifted by one. Legal because each of these ops treats
 the slices along its dimensions independently of every other dimension, so
 row ``r`` of the result is member ``r``'s own result. A norm over all
 dimensions (``h.norm()``) becomes ``linalg.vector_norm`` over all of a
-member's dimensions; ``torch.norm``'s ``"fro"`` is the vector 2-norm there.
+member's dimensions; ``torch.norm``'s ``"fro"`` is the vector 2-norm there. So does ``std``
+or ``var`` without ``dim``; their ``unbiased`` flag becomes the ``correction`` it means.
 Layer norms normalize the trailing dimensions, which batching leaves last;
 their weight and bias must be shared by the group.
 """
@@ -30,7 +32,11 @@ _OPS = {
     "logsumexp": (torch.logsumexp, {"keepdim": False}),
     "normalize": (F.normalize, {"p": 2.0, "eps": 1e-12}),
     "norm": (torch.linalg.vector_norm, {"ord": 2, "keepdim": False}),
+    "std": (torch.std, {"correction": 1, "keepdim": False}),
+    "var": (torch.var, {"correction": 1, "keepdim": False}),
 }
+#: ops that reduce over all of a member's dimensions without ``dim``, or over a list of them
+_OVER_DIMS = ("norm", "std", "var")
 #: target -> (op, the target's argument names; ``input`` is the operand, ``p`` of a norm its ``ord``)
 _TARGETS = {
     torch.softmax: ("softmax", ("input", "dim", "dtype")),
@@ -47,6 +53,10 @@ _TARGETS = {
     torch.norm: ("norm", ("input", "p", "dim", "keepdim", "out", "dtype")),
     "norm": ("norm", ("input", "p", "dim", "keepdim", "dtype")),
     torch.linalg.vector_norm: ("norm", ("input", "ord", "dim", "keepdim", "dtype", "out")),
+    torch.std: ("std", ("input", "dim", "unbiased", "keepdim", "correction", "out")),
+    "std": ("std", ("input", "dim", "unbiased", "keepdim", "correction")),
+    torch.var: ("var", ("input", "dim", "unbiased", "keepdim", "correction", "out")),
+    "var": ("var", ("input", "dim", "unbiased", "keepdim", "correction")),
 }
 
 
@@ -74,12 +84,22 @@ class Along(OpFamily):
             if type(p) not in (int, float):
                 return f"norm with p={p!r} (only vector norms are grouped)"
             args["ord"] = p
+        if op in ("std", "var"):
+            if type(args.get("dim")) is bool:   # std(x, True): the overload whose second argument is unbiased
+                args["unbiased"] = args.pop("dim")
+            unbiased = args.pop("unbiased", None)
+            if unbiased is not None:
+                if type(unbiased) is not bool or args.get("correction") is not None:
+                    return f"{op} with unbiased={unbiased!r}, correction={args.get('correction')!r}"
+                args["correction"] = int(unbiased)
+            elif args.get("correction", 0) is None:
+                del args["correction"]   # the default
         dim = args.pop("dim", 1 if op == "normalize" else None)
-        if dim is None and op == "norm":
+        if dim is None and op in _OVER_DIMS:
             dims = tuple(range(xi.rank))
         elif type(dim) is int and -max(xi.rank, 1) <= dim < max(xi.rank, 1):
             dims = dim % max(xi.rank, 1)
-        elif op == "norm" and isinstance(dim, (list, tuple)) and dim and all(type(d) is int for d in dim):
+        elif op in _OVER_DIMS and isinstance(dim, (list, tuple)) and dim and all(type(d) is int for d in dim):
             dims = tuple(sorted(d % max(xi.rank, 1) for d in dim))
         else:
             return f"{op} along dim={dim!r}"
@@ -155,3 +175,44 @@ class TrailingNorm(OpFamily):
 
 
 TRAILING_NORM = register(TrailingNorm(), functions=list(TrailingNorm._NAMES))
+
+
+#: ops that return (values, indices) along a dimension -> their argument names (method and function alike)
+PAIR_OPS = {"max": ("input", "dim", "keepdim", "out"), "min": ("input", "dim", "keepdim", "out"),
+            "sort": ("input", "dim", "descending", "stable", "out"),
+            "topk": ("input", "k", "dim", "largest", "sorted", "out")}
+
+
+def values_or_indices(input: torch.Tensor, op: str, part: int, **kwargs) -> torch.Tensor:
+    """Part ``part`` (0: the values, 1: the indices) of ``torch.<op>(input, **kwargs)``: one part of
+    ``max``/``min`` along a dimension, ``sort`` or ``topk`` as an op of its own
+    (``passes/values_indices.py``)."""
+    return getattr(torch, op)(input, **kwargs)[part]
+
+
+class ValuesOrIndices(OpFamily):
+    """:func:`values_or_indices`: the op along the members' dimension shifted by one."""
+    name = "values_or_indices"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        x, op, part = node.args
+        xi, info = tensor_info(x), tensor_info(node)
+        if xi is None or info is None or xi.rank == 0:
+            return f"{op} of something other than a tensor of static shape and rank 1 or more"
+        kwargs = dict(node.kwargs)
+        dim = kwargs.pop("dim", -1)
+        if type(dim) is not int or not -xi.rank <= dim < xi.rank:
+            return f"{op} along dim={dim!r}"
+        frozen = tuple(sorted(kwargs.items()))
+        return NeuronOp(node, self, (self.name, op, part, dim % xi.rank, frozen, xi, info), (x,), info, (),
+                        (op, part, dim % xi.rank, kwargs))
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        x, batched = b.slot([m.operands[0] for m in members])
+        if not batched:
+            return None
+        op, part, dim, kwargs = members[0].template
+        return b.graph.call_function(values_or_indices, (x, op, part), {**kwargs, "dim": dim + 1})
+
+
+VALUES_OR_INDICES = register(ValuesOrIndices(), functions=[values_or_indices])

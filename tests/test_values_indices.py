@@ -1,0 +1,52 @@
+"""Parts of (values, indices) pairs (``max``/``min`` along a dimension, ``sort``, ``topk``) become ops of
+their own that group, with eager's gradients where values tie (``passes/values_indices.py``)."""
+import pytest
+import torch
+from torch import nn
+
+from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
+
+# neuron 0 lists neuron 1 twice and neurons 2 and 5 read the same rows: their messages tie exactly
+NEIGHBORS = [[1, 1, 2], [0], [0, 3], [2, 4], [5], [0, 3], [7, 8], [6], [1], [2, 3]]
+
+
+class Pooling(nn.Module):
+    """Max pooling of each neuron's messages in the ways it is written, and sorted messages."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        out = []
+        for v, nbrs in enumerate(NEIGHBORS):
+            m = torch.stack([torch.relu(self.lin(x[u])) for u in nbrs + [v]])   # relu: ties at zero too
+            values, indices = m.min(0)
+            out.append(torch.cat([torch.max(m, 0)[0], m.max(dim=0).values, values * indices,
+                                  m.sort(0, descending=True).values[0], torch.topk(m, 2, dim=0)[0].sum(0),
+                                  m.max(1, keepdim=True).values.sum(0), m.sort(-1).indices[0].to(m.dtype)]))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_values_and_indices_group_and_match_eager_with_ties(front_end):
+    torch.manual_seed(0)
+    x = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64)
+    report = report_matching_eager(front_end, Pooling(), x, inductor=False)
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 4
+
+
+def test_values_and_indices_through_inductor_match_eager():
+    torch.manual_seed(0)
+    assert_fast_compile_matches_eager(Pooling(), torch.randn(len(NEIGHBORS), 4, dtype=torch.float64))
+
+
+def test_a_max_of_two_tensors_and_a_max_over_everything_are_not_pairs():
+    class Plain(nn.Module):
+        def forward(self, x):
+            return torch.stack([torch.max(x[v], x[(v + 1) % 10]) + x[v].max() + x.max(0)[0] for v in range(10)])
+
+    torch.manual_seed(0)
+    report = report_matching_eager("fast", Plain(), torch.randn(10, 4, dtype=torch.float64), inductor=False)
+    assert report.stats["values_indices"] == 10   # x.max(0)[0], once per neuron (before CSE merges them)
