@@ -10,8 +10,10 @@ nothing else reads it.
 Legal because each new node computes exactly that part: the same op on the
 same input (values and indices come from one call each, so they agree; the
 values' gradient flows to the selected entries as in eager, ties included,
-which ``amax`` would share out instead). Only constant arguments are
-rewritten; a tuple used whole (passed on, returned) stays as it is.
+which ``amax`` would share out instead). The parts are computed where the
+op ran, not where they are read, so an in-place write in between cannot
+change them. Only constant arguments are rewritten; a tuple used whole
+(passed on, returned) stays as it is.
 
 What it saves: a tuple output cannot be batched, so the op and its reads ran
 node by node, and a model max-pooling its neighbours' messages with
@@ -53,7 +55,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             continue   # the tuple is used whole
         x = args.pop("input")
         for user, part in zip(list(pair.users), parts):
-            with graph.inserting_before(user):
+            with graph.inserting_before(pair):   # where the op ran: an in-place write may follow it
                 piece = graph.call_function(values_or_indices, (x, op, part), args)
             piece.meta.update(user.meta)   # its value: the part's
             user.replace_all_uses_with(piece)

@@ -50,3 +50,22 @@ def test_a_max_of_two_tensors_and_a_max_over_everything_are_not_pairs():
     torch.manual_seed(0)
     report = report_matching_eager("fast", Plain(), torch.randn(10, 4, dtype=torch.float64), inductor=False)
     assert report.stats["values_indices"] == 10   # x.max(0)[0], once per neuron (before CSE merges them)
+
+
+def test_a_part_read_after_an_in_place_write_has_the_value_from_before_it():
+    """The parts are computed where the op ran, not where they are read: ``h.add_(1)`` between them
+    (an in-place write, so the graph keeps its order) must not change the maximum."""
+    class WriteBetween(nn.Module):
+        def forward(self, x):
+            out = []
+            for v in range(len(NEIGHBORS)):
+                h = x[v] * 2
+                pair = h.max(0)
+                h.add_(1)
+                out.append(pair[0] + h + pair.indices)
+            return torch.stack(out)
+
+    torch.manual_seed(0)
+    for front_end in ("backend", "fast"):
+        report_matching_eager(front_end, WriteBetween(), torch.randn(len(NEIGHBORS), 4, dtype=torch.float64),
+                              inductor=False)
