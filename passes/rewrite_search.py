@@ -132,8 +132,10 @@ class _Signatures:
     def _digest(self, tensor: torch.Tensor) -> bytes:
         known = self._digests.get(id(tensor))
         if known is None or known[0] is not tensor:
-            data = tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
-            known = self._digests[id(tensor)] = (tensor, hashlib.blake2b(data, digest_size=16).digest())
+            data = tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()   # 0-d too
+            digest = hashlib.blake2b(data, digest_size=16)
+            digest.update(repr((tensor.dtype, tuple(tensor.shape))).encode())   # equal bytes, other shapes
+            known = self._digests[id(tensor)] = (tensor, digest.digest())
         return known[1]
 
     def __call__(self, gm: fx.GraphModule) -> int:

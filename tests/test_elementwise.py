@@ -43,6 +43,34 @@ def test_masks_comparisons_and_casts_group_and_match_eager(front_end):
     assert report.nodes_after < report.nodes_before / 10
 
 
+class PerNeuronScalars(nn.Module):
+    """A threshold, exponent, bound and fill value of its own for each neuron (Python floats)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.lin = nn.Linear(WIDTH, WIDTH, dtype=dtype)
+        self.t = [round(0.1 * v - 0.8, 1) for v in range(ROWS)]   # 0.1 steps: exact ties with float32 rows
+
+    def forward(self, x):
+        out = []
+        for v in range(ROWS):
+            h, t = self.lin(x[v]), self.t[v]
+            above = (h > t) & torch.le(h, t + 1) | (x[v] == t)
+            out.append(torch.where(above, h, t) + h.clamp(min=t) + torch.clamp(h, -1.0, t + 1) + h.abs() ** (1 + abs(t))
+                       + h.masked_fill(h < t, t) + (2.0 + t) ** h + above.to(h.dtype))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_scalars_that_differ_per_neuron_group_and_match_eager(front_end, dtype):
+    torch.manual_seed(0)
+    x = (torch.randn(ROWS, WIDTH, dtype=torch.float64) * 10).round() / 10   # values on the thresholds too
+    report = report_matching_eager(front_end, PerNeuronScalars(dtype), x.to(dtype), inductor=False)
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 10   # one group per op, not one per threshold
+
+
 def test_operators_and_or_not_are_not_in_place():
     """Their names end in ``_`` like in-place methods (``add_``); the in-place ``&=`` is ``iand``."""
     import operator

@@ -3,7 +3,12 @@
 A group becomes the same call on batched operands ``[k, *shape]``; operands
 shared by all members (a weight, a bias) are passed once and broadcast.
 Python scalars of arithmetic ops may differ between members (per-neuron
-offsets): they become a ``[k, 1, ...]`` constant of the result dtype.
+offsets): they become a ``[k, 1, ...]`` constant of the result dtype. So may
+the scalars of comparisons, ``pow``, ``clamp``, ``where`` and ``masked_fill``
+on floating tensors (per-neuron thresholds, exponents, bounds, fill values):
+a constant of the tensors' dtype, which is the dtype PyTorch converts the
+scalar to for them; ``masked_fill`` then becomes ``where(mask, values, h)``,
+which computes the same values and gradient.
 Comparisons, logical and bitwise ops, ``masked_fill`` with a constant,
 dtype casts (``h.to(torch.float64)``, ``m.float()``) and dropout outside
 training (the identity) group the same way.
@@ -46,13 +51,13 @@ class Elementwise(OpFamily):
         node_kwargs = node.kwargs
         if node_kwargs and (node_kwargs.get("inplace") or node_kwargs.get("out") is not None):
             return "in-place or out= variant"
-        arithmetic = node.target in _ARITHMETIC and info.dtype.is_floating_point
+        varying, column_dtype = _varying_scalars(node, info)
         operands: list[fx.Node] = []
         consts: list = []
         frozen: list = []
         try:
-            args = tuple([_template(a, arithmetic, operands, consts, frozen) for a in node.args])
-            kwargs = {k: _template(v, False, operands, consts, frozen) for k, v in node_kwargs.items()}
+            args = tuple([_template(a, i in varying, operands, consts, frozen) for i, a in enumerate(node.args)])
+            kwargs = {k: _template(v, k in varying, operands, consts, frozen) for k, v in node_kwargs.items()}
         except _Unsupported as e:
             return str(e)
         if not operands:
@@ -69,11 +74,11 @@ class Elementwise(OpFamily):
                 # 0-d tensors take part in type promotion like scalars; batched they would not.
                 return "mixed dtypes with a 0-d operand"
         key = (self.name, node.op, node.target, tuple(frozen), tuple(kwargs), info)
-        return NeuronOp(node, self, key, tuple(operands), info, tuple(consts), (args, kwargs))
+        return NeuronOp(node, self, key, tuple(operands), info, tuple(consts), (args, kwargs, column_dtype))
 
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         first = members[0]
-        args, kwargs = first.template
+        args, kwargs, column_dtype = first.template
         k, out = len(members), first.info
         values = []
         for j in range(len(first.operands)):
@@ -87,7 +92,7 @@ class Elementwise(OpFamily):
             if all(c == column[0] and type(c) is type(column[0]) for c in column):
                 consts.append(column[0])
             else:
-                table = torch.tensor(column, dtype=out.dtype, device=out.device)
+                table = torch.tensor(column, dtype=column_dtype, device=out.device)
                 consts.append(b.constant(table.reshape((k,) + (1,) * out.rank), "offsets"))
 
         def fill(value):
@@ -99,11 +104,51 @@ class Elementwise(OpFamily):
 
         new_args = tuple(fill(a) for a in args)
         new_kwargs = {key: fill(v) for key, v in kwargs.items()}
+        if first.node.target in _BOUNDS and any(isinstance(c, fx.Node) for c in consts):
+            # clamp takes two numbers or two tensors: a shared bound beside a column becomes a 0-d tensor
+            def as_tensor(value):
+                if not is_scalar(value):
+                    return value
+                return b.constant(torch.tensor(value, dtype=column_dtype, device=out.device), "offsets")
+            new_args = new_args[:1] + tuple(as_tensor(a) for a in new_args[1:])
+            new_kwargs = {key: as_tensor(v) for key, v in new_kwargs.items()}
+        if first.node.target in _SCALAR_VALUE and any(isinstance(c, fx.Node) for c in consts):
+            # a fill value per member: masked_fill takes one scalar, where takes the column
+            named = {**dict(zip(("input", "mask", "value"), new_args)), **new_kwargs}
+            return b.graph.call_function(torch.where, (named["mask"], named["value"], named["input"]))
         return b.graph.create_node(first.node.op, first.node.target, new_args, new_kwargs)
 
 
 class _Unsupported(Exception):
     pass
+
+
+_BOUNDS = (torch.clamp, torch.clip, "clamp", "clip")
+#: ops other than arithmetic whose Python scalars may differ between members -> their positions and keywords
+_VARYING_SCALARS = {**{t: (0, 1) for t in (operator.gt, operator.lt, operator.ge, operator.le, operator.eq,
+                                          operator.ne, torch.gt, torch.lt, torch.ge, torch.le, torch.eq, torch.ne,
+                                          "gt", "lt", "ge", "le", "eq", "ne", operator.pow, torch.pow, "pow")},
+                    **{t: (1, 2, "min", "max") for t in _BOUNDS},
+                    **{t: (1, 2, "other", "input") for t in (torch.where, "where")},
+                    **{t: (2, "value") for t in (torch.masked_fill, "masked_fill")}}
+
+
+def _varying_scalars(node: fx.Node, info) -> tuple[tuple, torch.dtype | None]:
+    """Which arguments of ``node`` (positions, keywords) may be a scalar that differs between members,
+    and the dtype of the ``[k, 1, ...]`` constant they become: for floating arithmetic the result's;
+    for the ops of :data:`_VARYING_SCALARS` the one floating dtype of their tensors (PyTorch converts
+    the scalar to it), else none."""
+    target = node.target
+    if target in _ARITHMETIC:
+        return ((0, 1) if info.dtype.is_floating_point else ()), info.dtype
+    places = _VARYING_SCALARS.get(target)
+    if places is None:
+        return (), None
+    dtypes = {i.dtype for a in (*node.args, *node.kwargs.values()) if (i := tensor_info(a)) is not None}
+    floating = [d for d in dtypes if d.is_floating_point]
+    if len(floating) != 1 or (info.dtype.is_floating_point and info.dtype != floating[0]):
+        return (), None
+    return places, floating[0]
 
 
 def _template(value, varying: bool, operands: list, consts: list, frozen: list):
