@@ -6,13 +6,15 @@ Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 function whose plain form is in the neuron-op catalog (``h.relu_()``,
 ``torch.sigmoid_(h)``) into that form. Legal when ``acc`` (``h``) is a fresh
 temporary: produced by an arithmetic op, ``torch.zeros`` or ``torch.clone``
-(not a view, input or parameter) whose only user is the in-place op, and the
+(not a view, input or parameter, nor a cast, ``detach`` or dropout, which may
+return their input itself) whose only user is the in-place op, and the
 result has its shape and dtype. Then nothing else can observe the mutation,
 and the plain op computes the same values. Every other in-place op is
 recorded in ``ctx.keep_order``; the grouping pass then leaves the graph as it
 is, since grouping copies values that in-place ops may alias. When none is
 left, a ``clone`` that is only read is replaced by its input (same value, one
-node less).
+node less). Dropout outside training, which returns its input itself, is
+first replaced by that input.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from dynamo_relational.ops import REGISTRY, tensor_info
-from dynamo_relational.ops.elementwise import ELEMENTWISE, RANDOM_IN_TRAINING
+from dynamo_relational.ops.elementwise import ELEMENTWISE, RANDOM_IN_TRAINING, in_training
 from dynamo_relational.ops.matmul import LINEAR, MATMUL
 from dynamo_relational.ops.aggregate import AGGREGATE
 from dynamo_relational.ops.reduce import REDUCE
@@ -92,8 +94,15 @@ def _in_place_name(name: str) -> bool:
     return name.endswith("_") and not name.endswith("__")
 
 
+#: catalog ops that may return their input itself or a view of it (a cast to the same dtype, ``detach``,
+#: dropout outside training): writing into their result writes into their input
+_MAY_ALIAS = {"detach", torch.detach, "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long",
+              "bool", *RANDOM_IN_TRAINING}
+
+
 def _fresh_temporary(node: fx.Node, user: fx.Node) -> bool:
-    fresh = (node.op in ("call_function", "call_method") and REGISTRY.family_of(node) in _FRESH_FAMILIES) \
+    fresh = (node.op in ("call_function", "call_method") and REGISTRY.family_of(node) in _FRESH_FAMILIES
+             and node.target not in _MAY_ALIAS) \
         or is_zeros(node) or (node.op == "call_function" and node.target is torch.clone)
     return fresh and list(node.users) == [user] and not is_in_place(node)
 
@@ -153,7 +162,19 @@ def _pure_call(node: fx.Node):
     return None
 
 
+def _read_through_eval_dropouts(graph: fx.Graph) -> None:
+    """Dropout outside training returns its input itself: its users read the input instead. Exact,
+    aliasing included: ``F.dropout(h, training=False).relu_()`` writes into ``h`` (which AOT autograd,
+    taking the dropout's result for a new tensor, would not do)."""
+    for target in RANDOM_IN_TRAINING:
+        for node in graph.find_nodes(op="call_function", target=target):
+            if not in_training(node) and node.args and isinstance(node.args[0], fx.Node):
+                node.replace_all_uses_with(node.args[0])
+                graph.erase_node(node)
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    _read_through_eval_dropouts(gm.graph)
     for node in gm.graph.nodes:
         if not is_in_place(node):
             continue

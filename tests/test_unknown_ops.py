@@ -33,13 +33,13 @@ class PerNeuron(nn.Module):
 # name -> (body, an op that must be named among the reasons for leaving nodes ungrouped, or None)
 BODIES = {
     # views
-    "view": (lambda m, x, v, h: h.view(2, 2).sum(0).repeat(2), "repeat"),
-    "reshape_and_t": (lambda m, x, v, h: (h.reshape(2, 2).t() @ x[v].reshape(2, 2)).flatten(), "t"),
+    "view": (lambda m, x, v, h: h.view(2, 2).sum(0).repeat(2), None),
+    "reshape_and_t": (lambda m, x, v, h: (h.reshape(2, 2).t() @ x[v].reshape(2, 2)).flatten(), None),
     "unsqueeze": (lambda m, x, v, h: (x[v].unsqueeze(0) @ m.W).squeeze(0) + h, None),
     "slices": (lambda m, x, v, h: torch.cat([h[1:3], x[v][:2]]), None),
     "narrow": (lambda m, x, v, h: torch.cat([h.narrow(0, 0, 2), x[v][2:]]), "narrow"),
-    "expand": (lambda m, x, v, h: x[v][0:1].expand(4) * h, "expand"),
-    "flip": (lambda m, x, v, h: h.flip(0), "flip"),
+    "expand": (lambda m, x, v, h: x[v][0:1].expand(4) * h, None),
+    "flip": (lambda m, x, v, h: h.flip(0), None),
     "chunk": (lambda m, x, v, h: torch.cat(h.chunk(2)[::-1]), None),   # Dynamo reads each piece: split_views
     "unbind": (lambda m, x, v, h: torch.stack(list(h.unbind(0))[::-1]), None),
     # mixed dtypes
@@ -58,7 +58,7 @@ BODIES = {
     # (values and indices of max/sort/topk: one op per part, passes/values_indices.py)
     "max_values_indices": (lambda m, x, v, h: h.max(0).values * x[v] + h.max(0).indices, None),
     "sort": (lambda m, x, v, h: h.sort().values, None),
-    "topk": (lambda m, x, v, h: h.topk(2).values.repeat(2), "repeat"),
+    "topk": (lambda m, x, v, h: h.topk(2).values.repeat(2), None),
     "cumsum": (lambda m, x, v, h: h.cumsum(0), None),
     "softmax": (lambda m, x, v, h: F.softmax(h, 0), None),
     "norm": (lambda m, x, v, h: h / h.norm(), None),

@@ -62,7 +62,7 @@ class Elementwise(OpFamily):
             return str(e)
         if not operands:
             return "no tensor operand"
-        if node.target in RANDOM_IN_TRAINING and _training(node):
+        if node.target in RANDOM_IN_TRAINING and in_training(node):
             return "dropout in training mode draws random numbers (it keeps its place in the graph)"
         if node.target in _SCALAR_VALUE:
             value = node.args[2] if len(node.args) > 2 else node_kwargs.get("value")
@@ -198,7 +198,7 @@ _METHODS = ["relu", "sigmoid", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqr
 RANDOM_IN_TRAINING = {F.dropout: ("input", "p", "training", "inplace"), torch.dropout: ("input", "p", "train")}
 
 
-def _training(node: fx.Node) -> bool:
+def in_training(node: fx.Node) -> bool:
     """Whether a dropout ``node`` may be in training mode (anything but a literal ``training=False``)."""
     names = RANDOM_IN_TRAINING[node.target]
     args = node_args(node, names)
