@@ -1,9 +1,11 @@
-"""Pieces of a split become slices: ``h.chunk(3)[j]``, ``torch.split(h, s)[j]``, ``h.unbind(0)[j]``.
+"""Pieces of a split become slices: ``h.chunk(3)[j]``, ``torch.split(h, s)[j]``, ``h.unbind(0)[j]``;
+so does ``h.narrow(dim, start, length)``.
 
 Rewrites each ``getitem`` of the tuple that ``chunk``, ``split`` (a size or a
 list of sizes) or ``unbind`` (along dimension 0) returns into an index of the
 split tensor itself: ``h[a:b]`` along the split's dimension, or ``h[j]``. The
-split node is erased once nothing else reads it.
+split node is erased once nothing else reads it. A ``narrow`` with constant
+arguments becomes that slice itself.
 
 Legal because each piece *is* that view of ``h``: the same values, strides
 and storage. Only constant sizes, dimensions and piece numbers are rewritten.
@@ -49,8 +51,32 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 rewritten += 1
         if not split.users:
             graph.erase_node(split)
+    narrows = graph.find_nodes(op="call_function", target=torch.narrow, sort=False)
+    narrows += [n for n in graph.find_nodes(op="call_method", sort=False) if n.target == "narrow"]
+    for narrow in narrows:
+        index = _narrowed(narrow)
+        if index is not None:
+            narrow.op, narrow.target, narrow.args, narrow.kwargs = "call_function", operator.getitem, index, {}
+            rewritten += 1
     ctx.stats["split_views"] = rewritten
     return gm
+
+
+def _narrowed(narrow: fx.Node) -> tuple | None:
+    """``(h, index)`` such that ``h[index]`` is ``narrow``'s view, or None if its arguments are not constant."""
+    args = node_args(narrow, ("input", "dim", "start", "length"))
+    info = tensor_info(args.get("input")) if args else None
+    if info is None or info.rank == 0 or not all(type(args.get(k)) is int for k in ("dim", "start", "length")):
+        return None
+    dim, start, length = args["dim"], args["start"], args["length"]
+    if not -info.rank <= dim < info.rank:
+        return None
+    dim %= info.rank
+    start = start + info.shape[dim] if start < 0 else start
+    if not (0 <= start and length >= 0 and start + length <= info.shape[dim]):
+        return None
+    piece = slice(start, start + length)
+    return args["input"], (piece if dim == 0 else (*[slice(None)] * dim, piece))
 
 
 def _pieces(split: fx.Node) -> list | None:

@@ -49,3 +49,17 @@ def test_a_split_whose_tuple_is_used_as_a_whole_stays_and_is_right():
     torch.manual_seed(0)
     report = assert_fast_compile_matches_eager(Swap(), torch.randn(ROWS, 4, dtype=torch.float64)).report.graphs[0]
     assert report.stats["split_views"] == ROWS   # each unbind's piece; each chunk's tuple is read whole
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_narrow_becomes_a_slice_and_groups(front_end):
+    class Narrowed(nn.Module):
+        def forward(self, x, planes):
+            return torch.stack([torch.cat([x[v].narrow(0, 1, 2), torch.narrow(planes[v], 1, -2, 2).flatten(),
+                                           planes[v].narrow(-1, 0, 1).flatten()]) for v in range(x.shape[0])])
+
+    torch.manual_seed(0)
+    inputs = torch.randn(10, 4, dtype=torch.float64), torch.randn(10, 2, 3, dtype=torch.float64)
+    report = report_matching_eager(front_end, Narrowed(), *inputs, inductor=False)
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 5

@@ -37,7 +37,7 @@ BODIES = {
     "reshape_and_t": (lambda m, x, v, h: (h.reshape(2, 2).t() @ x[v].reshape(2, 2)).flatten(), None),
     "unsqueeze": (lambda m, x, v, h: (x[v].unsqueeze(0) @ m.W).squeeze(0) + h, None),
     "slices": (lambda m, x, v, h: torch.cat([h[1:3], x[v][:2]]), None),
-    "narrow": (lambda m, x, v, h: torch.cat([h.narrow(0, 0, 2), x[v][2:]]), "narrow"),
+    "narrow": (lambda m, x, v, h: torch.cat([h.narrow(0, 0, 2), x[v][2:]]), None),   # split_views: a slice
     "expand": (lambda m, x, v, h: x[v][0:1].expand(4) * h, None),
     "flip": (lambda m, x, v, h: h.flip(0), None),
     "chunk": (lambda m, x, v, h: torch.cat(h.chunk(2)[::-1]), None),   # Dynamo reads each piece: split_views
