@@ -14,7 +14,7 @@ PIPELINE = (
     ("inplace", inplace.run),        # acc += t  ->  acc + t; find remaining in-place ops
     ("mode_regions", mode_regions.run),  # no_grad blocks -> detached values; other mode switches keep the order
     ("split_views", split_views.run),  # h.chunk(3)[j], torch.split(h, s)[j], h.unbind(0)[j], h.narrow -> slices
-    ("values_indices", values_indices.run),  # torch.max(h, 0)[0], h.sort().indices -> one op per part
+    ("values_indices", values_indices.run),  # torch.max(h, 0)[0], h.sort(stable=True).indices -> one op per part
     ("lstm_cells", lstm_cells.run),  # torch.lstm_cell (nn.LSTMCell) -> its linears and gates
     ("aggregation", aggregation.run),  # + trees, sum(), stack().sum(0) -> n-ary aggregate
     ("cse", cse.run),                # merge duplicated reads and ops

@@ -1,16 +1,20 @@
 """Parts of a (values, indices) pair become ops of their own: ``torch.max(h, 0)[0]``, ``h.max(0).values``,
-``h.sort(descending=True).indices``, ``torch.topk(h, 2)[0]`` (also ``min``).
+``h.min(0)`` unpacked, ``h.sort(stable=True).indices``.
 
 Rewrites each ``getitem`` (``[0]``/``[1]``) or attribute read (``.values``/``.indices``)
-of the tuple that ``max``/``min`` along a dimension, ``sort`` or ``topk`` returns
+of the tuple that ``max``/``min`` along a dimension or a stable ``sort`` returns
 into one call of :func:`dynamo_relational.ops.along.values_or_indices`, which
 runs the same op and returns that part. The tuple's node is erased once
 nothing else reads it.
 
 Legal because each new node computes exactly that part: the same op on the
-same input (values and indices come from one call each, so they agree; the
-values' gradient flows to the selected entries as in eager, ties included,
-which ``amax`` would share out instead). The parts are computed where the
+same input, whose choice among ties is fixed (``max``/``min`` return the first
+maximal entry, a stable sort keeps ties in order), so batching members
+cannot change it. The values' gradient flows to the selected entries as in
+eager, ties included, which ``amax`` would share out instead. An unstable
+``sort`` and ``topk`` order ties as their kernel happens to (on CUDA the
+order depends on the shape: a batched sort returned other indices than the
+neuron's own), so they stay as they are. The parts are computed where the
 op ran, not where they are read, so an in-place write in between cannot
 change them. Only constant arguments are rewritten; a tuple used whole
 (passed on, returned) stays as it is.
@@ -38,7 +42,7 @@ _PARTS = {0: 0, 1: 1, "values": 0, "indices": 1}
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     graph = gm.graph
-    candidates = [n for target in (torch.max, torch.min, torch.sort, torch.topk)
+    candidates = [n for target in (torch.max, torch.min, torch.sort)
                   for n in graph.find_nodes(op="call_function", target=target, sort=False)]
     candidates += [n for n in graph.find_nodes(op="call_method", sort=False) if n.target in PAIR_OPS]
     rewritten = 0
@@ -50,6 +54,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             continue
         if op in ("max", "min") and "dim" not in args:
             continue   # max(h): one tensor; max(h, g): elementwise
+        if op == "sort" and args.get("stable") is not True:
+            continue   # ties in the order the kernel happens to take
         parts = [_part(user) for user in pair.users]
         if not parts or None in parts:
             continue   # the tuple is used whole

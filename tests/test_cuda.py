@@ -228,6 +228,31 @@ def test_idioms_on_cuda_match_eager_and_group(name):
 
 
 @needs_cuda
+@pytest.mark.parametrize("name", ["scalars64", "scalars32", "layouts", "pooling", "statistics"])
+def test_per_neuron_scalars_layouts_and_value_index_pairs_on_cuda_match_eager(name):
+    """Per-neuron scalar columns (and a clamp bound as a 0-d constant), layout ops, ``values_or_indices``
+    and ``std`` on the GPU, through Inductor."""
+    from tests.test_along import NEIGHBORS as STAT_ROWS, Statistics
+    from tests.test_elementwise import ROWS, WIDTH, PerNeuronScalars
+    from tests.test_layout_ops import ROWS as LAYOUT_ROWS, Layouts
+    from tests.test_values_indices import NEIGHBORS as POOL_ROWS, Pooling
+
+    torch.manual_seed(0)
+    d = dict(device="cuda", dtype=torch.float64)
+    if name.startswith("scalars"):
+        dtype = torch.float64 if name == "scalars64" else torch.float32
+        x = ((torch.randn(ROWS, WIDTH) * 10).round() / 10).to(device="cuda", dtype=dtype)   # on the thresholds too
+        model, inputs = PerNeuronScalars(dtype), (x,)
+    elif name == "layouts":
+        model, inputs = Layouts(), (torch.randn(LAYOUT_ROWS, 3, **d), torch.randn(LAYOUT_ROWS, 2, 3, **d))
+    elif name == "pooling":
+        model, inputs = Pooling(), (torch.randn(len(POOL_ROWS), 4, **d),)
+    else:
+        model, inputs = Statistics(), (torch.randn(len(STAT_ROWS), 4, **d), torch.randn(len(STAT_ROWS), 2, 3, **d))
+    assert_fast_compile_matches_eager(model.cuda(), *inputs)
+
+
+@needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_value_compression_on_cuda_matches_eager(dtype):
     """``value_compression`` numbers the rows on the CPU and puts its index constants on the GPU."""

@@ -55,10 +55,11 @@ BODIES = {
     "integer_arithmetic": (lambda m, x, v, h: h * ((torch.arange(4) * v + 1) % 3 // 1), "floordiv"),
     "count": (lambda m, x, v, h: h * (x[v] > 0).long().sum(), "floating"),  # an integer sum
     "clamp_round": (lambda m, x, v, h: h.clamp(-0.5, 0.5) + x[v].round(), "round"),
-    # (values and indices of max/sort/topk: one op per part, passes/values_indices.py)
+    # (values and indices of max/min/stable sort: one op per part, passes/values_indices.py)
     "max_values_indices": (lambda m, x, v, h: h.max(0).values * x[v] + h.max(0).indices, None),
-    "sort": (lambda m, x, v, h: h.sort().values, None),
-    "topk": (lambda m, x, v, h: h.topk(2).values.repeat(2), None),
+    "sort": (lambda m, x, v, h: h.sort().values, "sort"),   # unstable: ties in no fixed order
+    "stable_sort": (lambda m, x, v, h: h.sort(stable=True).values, None),
+    "topk": (lambda m, x, v, h: h.topk(2).values.repeat(2), "topk"),
     "cumsum": (lambda m, x, v, h: h.cumsum(0), None),
     "softmax": (lambda m, x, v, h: F.softmax(h, 0), None),
     "norm": (lambda m, x, v, h: h / h.norm(), None),

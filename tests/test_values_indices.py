@@ -1,4 +1,4 @@
-"""Parts of (values, indices) pairs (``max``/``min`` along a dimension, ``sort``, ``topk``) become ops of
+"""Parts of (values, indices) pairs (``max``/``min`` along a dimension, a stable ``sort``) become ops of
 their own that group, with eager's gradients where values tie (``passes/values_indices.py``)."""
 import pytest
 import torch
@@ -23,8 +23,9 @@ class Pooling(nn.Module):
             m = torch.stack([torch.relu(self.lin(x[u])) for u in nbrs + [v]])   # relu: ties at zero too
             values, indices = m.min(0)
             out.append(torch.cat([torch.max(m, 0)[0], m.max(dim=0).values, values * indices,
-                                  m.sort(0, descending=True).values[0], torch.topk(m, 2, dim=0)[0].sum(0),
-                                  m.max(1, keepdim=True).values.sum(0), m.sort(-1).indices[0].to(m.dtype)]))
+                                  m.sort(dim=0, descending=True, stable=True).values[0],
+                                  m.max(1, keepdim=True).values.sum(0),
+                                  torch.sort(m, dim=-1, stable=True).indices[0].to(m.dtype)]))
         return torch.stack(out)
 
 
@@ -40,6 +41,18 @@ def test_values_and_indices_group_and_match_eager_with_ties(front_end):
 def test_values_and_indices_through_inductor_match_eager():
     torch.manual_seed(0)
     assert_fast_compile_matches_eager(Pooling(), torch.randn(len(NEIGHBORS), 4, dtype=torch.float64))
+
+
+def test_an_unstable_sort_and_topk_stay_as_they_are():
+    """They order ties as their kernel happens to (on CUDA, differently for a batch than for one
+    neuron's value): batching could change the indices."""
+    class Unstable(nn.Module):
+        def forward(self, x):
+            return torch.stack([x[v].sort(descending=True).values + torch.topk(x[v], 4)[1] for v in range(10)])
+
+    torch.manual_seed(0)
+    report = report_matching_eager("fast", Unstable(), torch.randn(10, 4, dtype=torch.float64), inductor=False)
+    assert report.stats["values_indices"] == 0
 
 
 def test_a_max_of_two_tensors_and_a_max_over_everything_are_not_pairs():

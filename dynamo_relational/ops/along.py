@@ -179,13 +179,12 @@ TRAILING_NORM = register(TrailingNorm(), functions=list(TrailingNorm._NAMES))
 
 #: ops that return (values, indices) along a dimension -> their argument names (method and function alike)
 PAIR_OPS = {"max": ("input", "dim", "keepdim", "out"), "min": ("input", "dim", "keepdim", "out"),
-            "sort": ("input", "dim", "descending", "stable", "out"),
-            "topk": ("input", "k", "dim", "largest", "sorted", "out")}
+            "sort": ("input", "dim", "descending", "stable", "out")}
 
 
 def values_or_indices(input: torch.Tensor, op: str, part: int, **kwargs) -> torch.Tensor:
     """Part ``part`` (0: the values, 1: the indices) of ``torch.<op>(input, **kwargs)``: one part of
-    ``max``/``min`` along a dimension, ``sort`` or ``topk`` as an op of its own
+    ``max``/``min`` along a dimension or a stable ``sort`` as an op of its own
     (``passes/values_indices.py``)."""
     return getattr(torch, op)(input, **kwargs)[part]
 
