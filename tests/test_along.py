@@ -1,6 +1,7 @@
 """The along family: softmax, log_softmax, cumsum, cumprod, logsumexp, F.normalize, vector norms, std and var inside
 one neuron group along the members' dimensions shifted by one, and match eager (attention over a neuron's
-in-neighbours, as in GAT, is the common case)."""
+in-neighbours, as in GAT, is the common case); so do products of stacked values, cosine similarities and
+pairwise distances."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -121,3 +122,47 @@ def test_layer_norms_with_their_own_weights_are_left_ungrouped_and_right():
 
     torch.manual_seed(0)
     assert_fast_compile_matches_eager(OwnNorms(), torch.randn(len(NEIGHBORS), 4, dtype=torch.float64))
+
+
+class Similarities(nn.Module):
+    """Cosine similarities and distances of neighbours (one operand shared, or both per edge, along a first or
+    a last dimension), and the product t-norm of each neuron's stacked body atoms in every form ``prod`` takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.anchor = nn.Parameter(torch.randn(4, dtype=torch.float64))
+
+    def forward(self, x, planes):
+        out = []
+        for v, nbrs in enumerate(NEIGHBORS):
+            edges = [F.cosine_similarity(x[v], x[u], dim=0) + F.pairwise_distance(x[v], x[u])
+                     + F.pairwise_distance(self.anchor, x[u], p=1.0, eps=0.0, keepdim=True).squeeze()
+                     + F.cosine_similarity(planes[v], planes[u], 0, eps=1e-3).sum() for u in nbrs]
+            body = torch.sigmoid(torch.stack([x[u] for u in nbrs + [v]]))
+            conjunction = (body.prod(0) + torch.prod(body, dim=1).sum() + body.prod()
+                           + planes[v].prod(-1, keepdim=True).sum())
+            out.append(torch.stack(edges).sum() + conjunction + F.cosine_similarity(self.anchor, x[v], dim=-1))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_similarities_and_products_group_and_match_eager(front_end, dtype):
+    torch.manual_seed(0)
+    inputs = torch.randn(len(NEIGHBORS), 4, dtype=dtype), torch.randn(len(NEIGHBORS), 2, 3, dtype=dtype)
+    inputs[0][3, 1] = 0.0   # a zero factor: prod's gradient divides by no factor
+    report = report_matching_eager(front_end, Similarities().to(dtype), *inputs, inductor=False)
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 4
+
+
+def test_a_similarity_of_values_of_different_shapes_is_left_ungrouped_and_right():
+    class Broadcast(nn.Module):
+        def forward(self, x, planes):
+            return torch.stack([F.cosine_similarity(planes[v], x[v][:3], dim=-1).sum() for v in range(len(NEIGHBORS))])
+
+    torch.manual_seed(0)
+    report = assert_fast_compile_matches_eager(Broadcast(), torch.randn(len(NEIGHBORS), 4, dtype=torch.float64),
+                                               torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64),
+                                               inductor=False).report.graphs[0]
+    assert any(reason.startswith("cosine_similarity of values other than") for reason in report.ungrouped)

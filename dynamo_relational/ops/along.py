@@ -1,7 +1,8 @@
 """Ops along dimensions of one neuron's value: ``softmax``, ``log_softmax``, ``cumsum``, ``cumprod``,
 ``logsumexp``, ``F.normalize``, vector norms, ``std`` and ``var`` (``att = torch.softmax(scores, 0)``,
 ``h / h.norm()``, ``torch.stack(messages).std(0)``), and
-``F.layer_norm`` / ``F.rms_norm`` over a neuron's trailing dimensions.
+``F.layer_norm`` / ``F.rms_norm`` over a neuron's trailing dimensions, and comparisons of two values
+along a dimension (``F.cosine_similarity``, ``F.pairwise_distance``).
 
 A group applies the op to the batched operand ``[k, *shape]`` along the
 members' dimensions shifted by one. Legal because each of these ops treats
@@ -175,6 +176,47 @@ class TrailingNorm(OpFamily):
 
 
 TRAILING_NORM = register(TrailingNorm(), functions=list(TrailingNorm._NAMES))
+
+
+class Similarity(OpFamily):
+    """``F.cosine_similarity(a, b, dim, eps)`` and ``F.pairwise_distance(a, b, p, eps, keepdim)`` of two
+    values of one shape. Both compare the slices along one dimension (the last for a distance), so
+    operands batched along a new first dimension (or one of them shared, broadcast) compare row by row."""
+    name = "similarity"
+    _NAMES = {torch.cosine_similarity: ("x1", "x2", "dim", "eps"),
+              torch.pairwise_distance: ("x1", "x2", "p", "eps", "keepdim")}
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        op = node.target.__name__
+        args = node_args(node, self._NAMES[node.target])
+        if args is None or not isinstance(args.get("x1"), fx.Node) or not isinstance(args.get("x2"), fx.Node):
+            return f"{op} with unexpected arguments"
+        x1, x2 = args.pop("x1"), args.pop("x2")
+        xi, info = tensor_info(x1), tensor_info(node)
+        if xi is None or info is None or tensor_info(x2) is not xi or not xi.dtype.is_floating_point or xi.rank == 0:
+            return f"{op} of values other than two floating tensors of one static shape of rank 1 or more"
+        if op == "cosine_similarity":
+            dim = args.get("dim", 1)
+            if type(dim) is not int or not -xi.rank <= dim < xi.rank:
+                return f"{op} along dim={dim!r}"
+            args["dim"] = dim % xi.rank
+        for key, value in args.items():
+            if not hashable_const(value):
+                return f"{op} with {key}={value!r}"
+        template = (op, tuple(sorted(args.items())))
+        return NeuronOp(node, self, (self.name, *template, xi, info), (x1, x2), info, (), template)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        x1, batched1 = b.slot([m.operands[0] for m in members])
+        x2, batched2 = b.slot([m.operands[1] for m in members])
+        if not (batched1 or batched2):
+            return None
+        op, args = members[0].template
+        kwargs = {key: value + 1 if key == "dim" else value for key, value in args}
+        return b.graph.call_function(getattr(torch, op), (x1, x2), kwargs)
+
+
+SIMILARITY = register(Similarity(), functions=list(Similarity._NAMES))
 
 
 #: ops that return (values, indices) along a dimension -> their argument names (method and function alike)

@@ -1,5 +1,5 @@
-"""Reductions inside one neuron (``(a * b).sum()``, ``h.mean(0)``): the group
-reduces the same dimensions shifted by one, keeping the member dimension."""
+"""Reductions inside one neuron (``(a * b).sum()``, ``h.mean(0)``, ``torch.stack(body).prod(0)``): the
+group reduces the same dimensions shifted by one, keeping the member dimension."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -9,7 +9,7 @@ import torch.fx as fx
 
 from .base import NeuronOp, OpFamily, node_args, register, tensor_info
 
-_NAMES = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin"}
+_NAMES = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin", torch.prod: "prod"}
 
 
 class Reduce(OpFamily):
@@ -42,7 +42,13 @@ class Reduce(OpFamily):
             return None
         if tensor_info(members[0].operands[0]).rank == 0:
             return x  # reducing a 0-d value is the identity
-        return b.graph.call_method(name, (x, tuple(d + 1 for d in dims), keepdim))
+        shifted = tuple(d + 1 for d in dims)
+        if name != "prod":
+            return b.graph.call_method(name, (x, shifted, keepdim))
+        if len(shifted) == 1:
+            return b.graph.call_method("prod", (x, shifted[0], keepdim))
+        # prod takes one dim; several are all of a member's (``h.prod()``, which has no keepdim): flatten them
+        return b.graph.call_method("prod", (b.graph.call_method("flatten", (x, 1)), 1))
 
 
 REDUCE = register(Reduce(), functions=list(_NAMES), methods=list(_NAMES.values()))
