@@ -1,7 +1,7 @@
-"""The along family: softmax, log_softmax, cumsum, cumprod, logsumexp, F.normalize, vector norms, std and var inside
-one neuron group along the members' dimensions shifted by one, and match eager (attention over a neuron's
-in-neighbours, as in GAT, is the common case); so do products of stacked values, cosine similarities and
-pairwise distances."""
+"""The along family: softmax, log_softmax, softmin, cumsum, cumprod, logsumexp, logcumsumexp, glu, F.normalize,
+vector norms, std and var inside one neuron group along the members' dimensions shifted by one, and match eager
+(attention over a neuron's in-neighbours, as in GAT, is the common case); so do products of stacked values,
+cosine similarities and pairwise distances."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,11 +25,13 @@ class Attention(nn.Module):
         out = []
         for v, nbrs in enumerate(NEIGHBORS):
             scores = torch.stack([F.leaky_relu(torch.dot(self.att, torch.cat([h[v], h[u]]))) for u in nbrs + [v]])
-            weights = torch.softmax(scores, 0) + F.softmax(scores, dim=-1) + scores.log_softmax(0)
+            weights = (torch.softmax(scores, 0) + F.softmax(scores, dim=-1) + scores.log_softmax(0)
+                       + F.softmin(scores, 0))
             message = sum(weights[i] * h[u] for i, u in enumerate(nbrs + [v]))
             z = (message / message.norm() + F.normalize(message, dim=0) + message.cumsum(0)
                  + torch.cumprod(message, dim=0) + torch.logsumexp(message, 0) + message.norm(1)
-                 + torch.norm(message, p=3) + torch.linalg.vector_norm(message, ord=float("inf")))
+                 + torch.norm(message, p=3) + torch.linalg.vector_norm(message, ord=float("inf"))
+                 + torch.logcumsumexp(message, 0) + message.logcumsumexp(-1) + F.glu(torch.cat([message, h[v]])))
             p = planes[v]
             w = (p.softmax(1) + F.normalize(p, dim=1) + p.norm(dim=1, keepdim=True) + p.logsumexp(-1, keepdim=True)
                  + torch.norm(p) + p.norm(p=2, dim=(0, 1))).sum(0)

@@ -52,9 +52,10 @@ BODIES = {
     "argmax": (lambda m, x, v, h: h * h.argmax(), "argmax"),
     "where": (lambda m, x, v, h: torch.where(h > 0, h, x[v]), None),
     "bool_mask": (lambda m, x, v, h: h * (x[v] > 0), None),
-    "integer_arithmetic": (lambda m, x, v, h: h * ((torch.arange(4) * v + 1) % 3 // 1), "floordiv"),
+    "integer_arithmetic": (lambda m, x, v, h: h * ((torch.arange(4) * v + 1) % 3 // 1), None),
     "count": (lambda m, x, v, h: h * (x[v] > 0).long().sum(), "floating"),  # an integer sum
-    "clamp_round": (lambda m, x, v, h: h.clamp(-0.5, 0.5) + x[v].round(), "round"),
+    "clamp_round": (lambda m, x, v, h: h.clamp(-0.5, 0.5) + x[v].round(), None),
+    "cummax": (lambda m, x, v, h: torch.cummax(h, 0).values, "cummax"),
     # (values and indices of max/min/stable sort: one op per part, passes/values_indices.py)
     "max_values_indices": (lambda m, x, v, h: h.max(0).values * x[v] + h.max(0).indices, None),
     "sort": (lambda m, x, v, h: h.sort().values, "sort"),   # unstable: ties in no fixed order

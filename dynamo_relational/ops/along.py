@@ -1,7 +1,7 @@
-"""Ops along dimensions of one neuron's value: ``softmax``, ``log_softmax``, ``cumsum``, ``cumprod``,
-``logsumexp``, ``F.normalize``, vector norms, ``std`` and ``var`` (``att = torch.softmax(scores, 0)``,
-``h / h.norm()``, ``torch.stack(messages).std(0)``), and
-``F.layer_norm`` / ``F.rms_norm`` over a neuron's trailing dimensions, and comparisons of two values
+"""Ops along dimensions of one neuron's value: ``softmax``, ``log_softmax``, ``softmin``, ``cumsum``,
+``cumprod``, ``logsumexp``, ``logcumsumexp``, ``F.glu``, ``F.normalize``, vector norms, ``std`` and
+``var`` (``att = torch.softmax(scores, 0)``, ``h / h.norm()``, ``torch.stack(messages).std(0)``);
+``F.layer_norm`` / ``F.rms_norm`` over a neuron's trailing dimensions; and comparisons of two values
 along a dimension (``F.cosine_similarity``, ``F.pairwise_distance``).
 
 A group applies the op to the batched operand ``[k, *shape]`` along the
@@ -28,9 +28,12 @@ from .base import NeuronOp, OpFamily, hashable_const, node_args, register, tenso
 _OPS = {
     "softmax": (torch.softmax, {"dtype": None}),
     "log_softmax": (torch.log_softmax, {"dtype": None}),
+    "softmin": (F.softmin, {"dtype": None}),
     "cumsum": (torch.cumsum, {"dtype": None}),
     "cumprod": (torch.cumprod, {"dtype": None}),
     "logsumexp": (torch.logsumexp, {"keepdim": False}),
+    "logcumsumexp": (torch.logcumsumexp, {}),
+    "glu": (F.glu, {}),
     "normalize": (F.normalize, {"p": 2.0, "eps": 1e-12}),
     "norm": (torch.linalg.vector_norm, {"ord": 2, "keepdim": False}),
     "std": (torch.std, {"correction": 1, "keepdim": False}),
@@ -38,6 +41,8 @@ _OPS = {
 }
 #: ops that reduce over all of a member's dimensions without ``dim``, or over a list of them
 _OVER_DIMS = ("norm", "std", "var")
+#: the ``dim`` of ops that have a default one
+_DEFAULT_DIM = {"normalize": 1, "glu": -1}
 #: target -> (op, the target's argument names; ``input`` is the operand, ``p`` of a norm its ``ord``)
 _TARGETS = {
     torch.softmax: ("softmax", ("input", "dim", "dtype")),
@@ -46,6 +51,9 @@ _TARGETS = {
     torch.log_softmax: ("log_softmax", ("input", "dim", "dtype")),
     F.log_softmax: ("log_softmax", ("input", "dim", "_stacklevel", "dtype")),
     "log_softmax": ("log_softmax", ("input", "dim", "dtype")),
+    F.softmin: ("softmin", ("input", "dim", "_stacklevel", "dtype")),
+    F.glu: ("glu", ("input", "dim")),
+    torch.logcumsumexp: ("logcumsumexp", ("input", "dim", "out")), "logcumsumexp": ("logcumsumexp", ("input", "dim")),
     torch.cumsum: ("cumsum", ("input", "dim", "dtype", "out")), "cumsum": ("cumsum", ("input", "dim", "dtype")),
     torch.cumprod: ("cumprod", ("input", "dim", "dtype", "out")), "cumprod": ("cumprod", ("input", "dim", "dtype")),
     torch.logsumexp: ("logsumexp", ("input", "dim", "keepdim", "out")),
@@ -95,7 +103,7 @@ class Along(OpFamily):
                 args["correction"] = int(unbiased)
             elif args.get("correction", 0) is None:
                 del args["correction"]   # the default
-        dim = args.pop("dim", 1 if op == "normalize" else None)
+        dim = args.pop("dim", _DEFAULT_DIM.get(op))
         if dim is None and op in _OVER_DIMS:
             dims = tuple(range(xi.rank))
         elif type(dim) is int and -max(xi.rank, 1) <= dim < max(xi.rank, 1):

@@ -139,10 +139,11 @@ REGISTRY = Registry()
 
 
 def register(family: OpFamily, functions: Sequence[Callable] = (), methods: Sequence[str] = ()) -> OpFamily:
-    for f in functions:
-        REGISTRY.functions[f] = family
-    for m in methods:
-        REGISTRY.methods[m] = family
+    """Make ``family`` the describer of calls of ``functions`` and ``methods``; each has one family."""
+    for table, targets in ((REGISTRY.functions, functions), (REGISTRY.methods, methods)):
+        for target in targets:
+            if table.setdefault(target, family) is not family:
+                raise ValueError(f"{target!r} already belongs to the {table[target].name} family, not {family.name}")
     return family
 
 

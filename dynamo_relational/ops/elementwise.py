@@ -177,10 +177,21 @@ _UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.log, torch.neg
           torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.square, torch.erf, torch.log1p,
           torch.expm1, torch.reciprocal, torch.sign, torch.clamp, torch.clip, torch.nn.functional.relu,
           F.sigmoid, F.tanh, F.leaky_relu, F.elu, F.gelu, F.silu, F.softplus, F.relu6, F.hardtanh,
-          F.mish, F.selu, F.celu, F.logsigmoid, operator.neg, torch.special.expit, torch.detach]
+          F.mish, F.selu, F.celu, F.logsigmoid, operator.neg, torch.special.expit, torch.detach,
+          # rounding, trigonometric, hyperbolic, exponential and special functions
+          torch.floor, torch.ceil, torch.round, torch.trunc, torch.frac, torch.tan, torch.asin, torch.acos,
+          torch.atan, torch.sinh, torch.cosh, torch.asinh, torch.acosh, torch.atanh, torch.log2, torch.log10,
+          torch.exp2, torch.erfc, torch.erfinv, torch.sinc, torch.logit, torch.special.logit, torch.lgamma,
+          torch.digamma, torch.special.i0, torch.sgn, torch.nan_to_num, torch.clamp_min, torch.clamp_max,
+          torch.isnan, torch.isinf, torch.isfinite, torch.deg2rad, torch.rad2deg,
+          # more activations
+          F.hardsigmoid, F.hardswish, F.softsign, F.tanhshrink, F.threshold, torch.threshold, F.hardshrink,
+          F.softshrink]
 _BINARY = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, torch.add,
            torch.sub, torch.mul, torch.div, torch.pow, torch.maximum, torch.minimum, torch.where,
-           torch.lerp, torch.addcmul]
+           torch.lerp, torch.addcmul, torch.addcdiv, torch.true_divide, operator.mod, operator.floordiv,
+           torch.remainder, torch.fmod, torch.floor_divide, torch.atan2, torch.arctan2, torch.hypot, torch.copysign,
+           torch.xlogy, torch.special.xlogy, torch.logaddexp, torch.logaddexp2, torch.fmax, torch.fmin]
 _COMPARE = [operator.gt, operator.lt, operator.ge, operator.le, operator.eq, operator.ne, torch.gt, torch.lt,
             torch.ge, torch.le, torch.eq, torch.ne]
 _LOGICAL = [operator.and_, operator.or_, operator.xor, operator.invert, torch.logical_and, torch.logical_or,
@@ -191,7 +202,13 @@ _METHODS = ["relu", "sigmoid", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqr
             "__radd__", "__rsub__", "__rmul__", "__rtruediv__", "erf", "log1p", "expm1",
             "reciprocal", "detach", "gt", "lt", "ge", "le", "eq", "ne", "__and__", "__or__", "__xor__",
             "__invert__", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or",
-            "bitwise_xor", "bitwise_not", "masked_fill", "where",
+            "bitwise_xor", "bitwise_not", "masked_fill", "where", "lerp", "addcmul", "addcdiv", "true_divide",
+            "floor", "ceil", "round", "trunc", "frac", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+            "acosh", "atanh", "log2", "log10", "exp2", "erfc", "erfinv", "sinc", "logit", "lgamma", "digamma",
+            "sign", "sgn", "nan_to_num", "clamp_min", "clamp_max", "isnan", "isinf", "isfinite", "deg2rad",
+            "rad2deg", "hardshrink", "__mod__", "__rmod__", "__floordiv__", "__rfloordiv__", "remainder", "fmod",
+            "floor_divide", "atan2", "arctan2", "hypot", "copysign", "xlogy", "logaddexp", "logaddexp2", "fmax",
+            "fmin",
             # casts: a constant dtype (or another tensor's, ``type_as``) applies row by row
             "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool"]
 #: dropout: the identity outside training (grouped), random numbers in training (left alone, in order)
