@@ -1,4 +1,5 @@
-"""Matrix products of one neuron: ``W @ h``, ``h @ W``, ``torch.dot``, ``F.linear``, ``torch.outer``.
+"""Matrix products of one neuron: ``W @ h``, ``h @ W``, ``torch.dot``, ``F.linear``, ``torch.outer``,
+``F.bilinear``.
 
 A weight shared by every member stays one operand: the group becomes a single
 ``mm``/``linear`` over the stacked rows. Per-member weights with a few
@@ -136,7 +137,41 @@ class Outer(OpFamily):
                                            g.call_method("unsqueeze", (right, -2))))
 
 
+class Bilinear(OpFamily):
+    """``F.bilinear(a, b, W, bias)`` (``nn.Bilinear``; a neural tensor network's score of two neurons) with one
+    weight and bias for the group: the same call on the batched inputs, which it takes row by row. An input
+    shared by the group is expanded to the group's rows (bilinear does not broadcast)."""
+    name = "bilinear"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        args = node_args(node, ("input1", "input2", "weight", "bias"))
+        if args is None or any(not isinstance(args.get(n), fx.Node) for n in ("input1", "input2", "weight")):
+            return "bilinear with unexpected arguments"
+        x1, x2, w, bias = args["input1"], args["input2"], args["weight"], args.get("bias")
+        infos = [tensor_info(v) for v in (x1, x2, w)]
+        bi, info = tensor_info(bias), tensor_info(node)
+        if None in infos or info is None or (bias is not None and bi is None):
+            return "bilinear operand is not a tensor of static shape"
+        if infos[0].rank != 1 or infos[1].rank != 1 or not _same_dtype(*infos, bi):
+            return "bilinear of something other than two vectors of one dtype"
+        return NeuronOp(node, self, (self.name, *infos, bi), (x1, x2, w, bias), info)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        first, k = members[0], len(members)
+        (weight, per_member_weight), (bias, per_member_bias) = (
+            b.slot([m.operands[j] for m in members]) if first.operands[j] is not None else (None, False)
+            for j in (2, 3))
+        (x1, batched1), (x2, batched2) = (b.slot([m.operands[j] for m in members]) for j in (0, 1))
+        if per_member_weight or per_member_bias or not (batched1 or batched2):
+            return None   # a weight (or bias) per member is no one bilinear map; one product is merged, not batched
+
+        def rows(value, batched):
+            return value if batched else b.graph.call_method("expand", (value, k, -1))
+        return b.graph.call_function(F.bilinear, (rows(x1, batched1), rows(x2, batched2), weight, bias))
+
+
 MATMUL = register(Matmul(), functions=[operator.matmul, torch.matmul, torch.mm, torch.mv, torch.dot],
                   methods=["matmul", "mm", "mv", "dot", "__matmul__"])
 LINEAR = register(Linear(), functions=[F.linear])
 OUTER = register(Outer(), functions=[torch.outer, torch.ger], methods=["outer", "ger"])
+BILINEAR = register(Bilinear(), functions=[F.bilinear])
