@@ -3,7 +3,8 @@
 Scalar-granular code reads the same row many times (``x[u]`` once per edge)
 and Dynamo records every read. Two nodes with the same target and the same
 arguments (nodes by identity, constants by type and value) compute the same
-value when the op is pure: every op in the neuron-op catalog is, so are
+value when the op is pure: every op in the neuron-op catalog is (but dropout
+in training, which draws new random numbers at each call), so are
 layout views such as ``W.T`` (merged so that a weight stays one shared
 operand), and in-place variants are excluded. Equal small tensor constants
 and equal calls of deterministic factories (``torch.zeros(8)`` or
@@ -17,6 +18,7 @@ import torch.fx as fx
 from torch.fx.immutable_collections import immutable_list
 
 from dynamo_relational.ops import REGISTRY
+from dynamo_relational.ops.elementwise import RANDOM_IN_TRAINING, in_training
 
 from .context import PassContext
 from .inplace import is_in_place, target_in_place
@@ -167,9 +169,16 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 
 def _skipped(node: fx.Node) -> bool:
     """Nodes that never merge: ops outside the catalog that are not known pure views or
-    factories, and in-place ops."""
+    factories, in-place ops, and dropout in training (two calls, two masks)."""
     return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not is_factory(node)) \
-        or is_in_place(node)
+        or is_in_place(node) or (_is_dropout(node.target) and in_training(node))
+
+
+def _is_dropout(target) -> bool:
+    try:
+        return target in RANDOM_IN_TRAINING
+    except TypeError:   # unhashable target
+        return False
 
 
 #: what :func:`_skipped_by_target` answers where a node's arguments decide (``getattr(W, "T")``)
@@ -180,9 +189,9 @@ def _skipped_by_target(node: fx.Node):
     """:func:`_skipped` for every node of ``node``'s op and target, leaving out the check of the
     ``inplace=``/``out=`` keywords (the caller makes it per node); :data:`_DEPENDS` where the
     arguments decide. Every part of it depends on the op and target alone except
-    ``_is_pure_view`` of ``getattr``."""
+    ``_is_pure_view`` of ``getattr`` and whether a dropout is in training."""
     op, target = node.op, node.target
-    if op == "call_function" and target is getattr:
+    if op == "call_function" and (target is getattr or _is_dropout(target)):
         return _DEPENDS
     return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not is_factory(node)) \
         or target_in_place(op, target)

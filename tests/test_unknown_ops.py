@@ -132,6 +132,8 @@ class Masked(torch.autograd.Function):
 
 RANDOM_BODIES = {
     "dropout": lambda m, x, v, h: F.dropout(h, 0.5, training=True),
+    # (equal calls, two masks: CSE must not merge them)
+    "two_dropouts_of_one_value": lambda m, x, v, h: F.dropout(h, 0.5, True) + F.dropout(h, 0.5, True),
     "rand_like": lambda m, x, v, h: h * torch.rand_like(x[v]),
     "randn": lambda m, x, v, h: h + torch.randn(4, dtype=torch.float64),
     "bernoulli_of_a_constant": lambda m, x, v, h: h * torch.bernoulli(torch.full((4,), 0.5, dtype=torch.float64)),
