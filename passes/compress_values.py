@@ -11,7 +11,8 @@ equal ids mean equal values whatever the parameters and inputs are. The paramete
 elements get distinct ids; a constant's elements get one id per distinct value (bit for bit). Ops
 pass ids on exactly: data movement (views, ``cat``, ``stack``, gathers) moves them, elementwise ops
 and products number the tuples of their operands' ids, sum/mean gather-reductions number the
-multiset of the rows of each segment. Any other op gets fresh ids. No values are sampled, so
+multiset of the rows of each segment. Any other op gets fresh ids, and so does dropout in training
+(every row, every call, draws its own mask). No values are sampled, so
 there is nothing to verify afterwards and no merge that could be wrong: the thesis' random trials
 would merge ``relu`` outputs that happen to be 0 in every trial. A sum over the same terms in
 another order counts as equal: it differs only by rounding, like the reassociation of the
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 
 from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
+from dynamo_relational.ops.elementwise import draws_random_numbers
 
 from .context import PassContext
 from .gather_nodes import add_constant, as_gather, constant_value, rows as rows_of, set_rows_info, set_source
@@ -216,9 +218,9 @@ def _propagate(gm, node: fx.Node, ids: dict, numbering: _Numbering) -> torch.Ten
     if node.op == "call_function" and (target in _LINEAR or target in _MATMUL or target is torch.addmm):
         return _product_ids(node, of, numbering)
     family = REGISTRY.family_of(node)
-    if family is not None and family.name == "elementwise":
+    if family is not None and family.name == "elementwise" and not draws_random_numbers(node):
         return _elementwise_ids(node, of, numbering)
-    return None
+    return None   # (a dropout's equal rows, or two dropouts of one row, are not equal values)
 
 
 def _is_view(node: fx.Node) -> bool:
@@ -431,7 +433,7 @@ def _row_aligned_operands(node: fx.Node, info) -> list[fx.Node] | None:
             return None   # a weight with as many rows as x (a square product) is still a weight
         return [x]
     family = REGISTRY.family_of(node)
-    if family is None or family.name != "elementwise":
+    if family is None or family.name != "elementwise" or draws_random_numbers(node):
         return None
     operands = [a for a in [*node.args, *node.kwargs.values()] if isinstance(a, fx.Node)]
     if any(tensor_info(a) is None for a in operands):

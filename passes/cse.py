@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch.fx.immutable_collections import immutable_list
 
 from dynamo_relational.ops import REGISTRY
-from dynamo_relational.ops.elementwise import RANDOM_IN_TRAINING, in_training
+from dynamo_relational.ops.elementwise import RANDOM_IN_TRAINING, draws_random_numbers
 
 from .context import PassContext
 from .inplace import is_in_place, target_in_place
@@ -171,7 +171,7 @@ def _skipped(node: fx.Node) -> bool:
     """Nodes that never merge: ops outside the catalog that are not known pure views or
     factories, in-place ops, and dropout in training (two calls, two masks)."""
     return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not is_factory(node)) \
-        or is_in_place(node) or (_is_dropout(node.target) and in_training(node))
+        or is_in_place(node) or draws_random_numbers(node)
 
 
 def _is_dropout(target) -> bool:

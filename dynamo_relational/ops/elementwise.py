@@ -222,6 +222,17 @@ def in_training(node: fx.Node) -> bool:
     return args is None or args.get(names[2], True) is not False
 
 
+def draws_random_numbers(node: fx.Node) -> bool:
+    """Whether ``node`` is a dropout that may be in training: every call draws a new mask, so two equal
+    calls, or two equal rows of one call, are not equal values (CSE and value compression must not merge them)."""
+    if node.op != "call_function":
+        return False
+    try:
+        return node.target in RANDOM_IN_TRAINING and in_training(node)
+    except TypeError:   # unhashable target
+        return False
+
+
 #: ops whose ``value`` argument (third) must be one Python scalar, not a tensor per member
 _SCALAR_VALUE = {torch.masked_fill, "masked_fill"}
 
