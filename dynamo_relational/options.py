@@ -133,6 +133,14 @@ class Options:
     #: models whose facts sit in buffers, such as NeuraLogic networks built
     #: without the engine's own ``iso_value_compression``. Off by default.
     value_compression: bool = False
+    #: Group dropout in training (``F.dropout(h, p, self.training)`` per neuron,
+    #: ``nn.Dropout``) like an elementwise op: one mask drawn for a whole group.
+    #: Each element is still kept with probability ``1 - p``, independently of
+    #: every other, and scaled by ``1 / (1 - p)``: eager's distribution, but not
+    #: eager's numbers for a given seed (neither are stock Inductor's). Off by
+    #: default: every dropout then draws eager's numbers in eager's order, and
+    #: stays ungrouped, one node per neuron (a large graph for Inductor).
+    group_dropout: bool = False
     #: Show a progress bar (tqdm, on stderr) over the compile's steps once a
     #: compile has run for a few seconds (tracing, each pass, Inductor).
     progress: bool = True

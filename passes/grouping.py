@@ -16,7 +16,9 @@ Members of a group are pairwise independent by construction of both
 schedules, which makes vectorizing them legal. The result is ``ctx.groups``, in execution order.
 
 Nodes outside the catalog run alone, in their original relative order (they
-may be impure), and are reported as left ungrouped. Deterministic factory
+may be impure), and are reported as left ungrouped; so does dropout in
+training, which draws eager's random numbers in eager's order that way,
+unless the ``group_dropout`` option groups it like an elementwise op. Deterministic factory
 calls (``torch.zeros(8)``, ``x.new_zeros(8)``; CSE merged the equal ones) are
 constants instead: they also run alone, but move freely and are not reported.
 """
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 import torch.fx as fx
 
 from dynamo_relational.ops import NeuronOp, describe
+from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
 
 from . import schedule
 from .context import PassContext
@@ -80,6 +83,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     max_numel = opts.max_member_numel
     for i, node in enumerate(units):
         op = describe(node) if not ctx.keep_order else f"graph keeps its order: {ctx.keep_order[0]}"
+        if type(op) is str and opts.group_dropout and not ctx.keep_order and draws_random_numbers(node):
+            op = ELEMENTWISE.describe(node, group_dropout=True)
         if type(op) is not str:
             numel = _member_numel(op)
             if numel > max_numel:

@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
 from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops.elementwise import draws_random_numbers
 
 from .context import PassContext
 
@@ -255,7 +256,10 @@ class GroupBuilder:
 
 
 def _unique_members(ops):
-    """Members with distinct (operands, consts); duplicates compute the same value."""
+    """Members with distinct (operands, consts); duplicates compute the same value, except dropouts in
+    training (the ``group_dropout`` option), which draw a mask each."""
+    if draws_random_numbers(ops[0].node):
+        return ops, list(range(len(ops)))
     first: dict = {}
     unique, row_of = [], []
     for op in ops:

@@ -170,3 +170,12 @@ def test_idioms_benchmark_groups_every_idiom_and_matches_eager():
     for r in rows:
         assert r["ungrouped"] == 0 and r["nodes_after"] < r["nodes_before"] / 3, r
         assert r["max_abs_diff"] < 1e-5 and r["compiled_ms"] > 0 and r["eager_ms"] > 0, r
+
+
+def test_dropout_benchmark_groups_dropout_only_with_the_option():
+    from benchmarks import dropout
+
+    eager, in_order, grouped = dropout.main(["--graphs", "1", "--repeats", "1", "--no-inductor"])
+    assert (eager["variant"], in_order["variant"], grouped["variant"]) == ("eager", "in eager's order", "group_dropout")
+    assert in_order["ungrouped"] > 0 and grouped["ungrouped"] == 0, (in_order, grouped)
+    assert grouped["nodes_after"] < in_order["nodes_after"] / 3 and grouped["step_ms"] > 0

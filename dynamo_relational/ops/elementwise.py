@@ -11,7 +11,8 @@ scalar to for them; ``masked_fill`` then becomes ``where(mask, values, h)``,
 which computes the same values and gradient.
 Comparisons, logical and bitwise ops, ``masked_fill`` with a constant,
 dtype casts (``h.to(torch.float64)``, ``m.float()``) and dropout outside
-training (the identity) group the same way.
+training (the identity) group the same way; so does dropout in training
+with the ``group_dropout`` option (one mask for the group's rows).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ _ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, torch
 class Elementwise(OpFamily):
     name = "elementwise"
 
-    def describe(self, node: fx.Node) -> NeuronOp | str:
+    def describe(self, node: fx.Node, *, group_dropout: bool = False) -> NeuronOp | str:
+        """``group_dropout``: a dropout in training is a member too (the ``group_dropout`` option)."""
         info = tensor_info(node)
         if info is None:
             return "output is not a tensor of static shape"
@@ -62,8 +64,8 @@ class Elementwise(OpFamily):
             return str(e)
         if not operands:
             return "no tensor operand"
-        if node.target in RANDOM_IN_TRAINING and in_training(node):
-            return "dropout in training mode draws random numbers (it keeps its place in the graph)"
+        if not group_dropout and node.target in RANDOM_IN_TRAINING and in_training(node):
+            return "dropout in training mode draws eager's random numbers in eager's order (option group_dropout)"
         if node.target in _SCALAR_VALUE:
             value = node.args[2] if len(node.args) > 2 else node_kwargs.get("value")
             if isinstance(value, fx.Node):
