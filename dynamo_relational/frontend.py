@@ -365,21 +365,43 @@ def _refusing_generators(function: Callable, name: str, tracer: "_Tracer") -> Ca
     return refusing
 
 
-class _RecordRandomOps(TorchFunctionMode):
-    """Records random ops called without a traced argument (``torch.randn(4)``, ``torch.bernoulli(p)``
-    of a constant ``p``), which fx would run once while tracing and freeze into the graph as a
-    constant: recorded, they draw new numbers on every call, as in eager. Every other call runs as is
-    (calls with traced arguments reach :meth:`_ValueProxy.__torch_function__`)."""
+class _RecordUntracedCalls(TorchFunctionMode):
+    """Records calls without a traced argument that fx would run once while tracing and freeze into
+    the graph as a constant: random ops (``torch.randn(4)``, ``torch.bernoulli(p)`` of a constant
+    ``p``), which then draw new numbers on every call, and (``factories``) tensor factories
+    (``torch.zeros(n, d)``), whose tensors are then new on every call and traced when code writes
+    into them. Every other call runs as is (calls with traced arguments reach
+    :meth:`_ValueProxy.__torch_function__`)."""
 
-    def __init__(self, tracer: "_Tracer"):
+    def __init__(self, tracer: "_Tracer", random: bool, factories: bool):
         super().__init__()
         self.tracer = tracer
+        self.names = (_random_ops() if random else frozenset()) | (_FACTORY_NAMES if factories else frozenset())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if getattr(func, "__name__", None) in _random_ops() and not _has_proxy(args, kwargs):
+        if getattr(func, "__name__", None) in self.names and not _has_proxy(args, kwargs):
             return self.tracer.record(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+#: tensor factories of ``torch`` (called without a traced argument: see :class:`_RecordUntracedCalls`)
+_FACTORY_NAMES = frozenset(("zeros", "ones", "full", "empty", "tensor", "as_tensor", "arange", "eye", "linspace",
+                            "logspace", "zeros_like", "ones_like", "full_like", "empty_like", "empty_strided"))
+#: in-place ops that Python's augmented assignment calls: ``acc += t`` rebinds ``acc`` to the op's result
+_AUGMENTED = frozenset(("__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__", "__imatmul__",
+                        "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"))
+
+
+def _writes_untraced_tensor(func: Callable, args: tuple) -> bool:
+    """Whether ``func(*args)``, a call with a traced argument, writes into a tensor that is not traced
+    (``out[v] = h``, ``out.add_(h)`` for an ``out`` made from Python values): code reading that tensor
+    later runs on its traced value, which the write did not change. Augmented assignment (``acc += h``)
+    rebinds the name to the traced result, so later code reads that."""
+    if not args or not isinstance(args[0], torch.Tensor) or isinstance(args[0], fx.Proxy):
+        return False
+    name = getattr(func, "__name__", "")
+    return name == "__setitem__" or (name.endswith("_") and not name.endswith("__") and name not in _AUGMENTED)
 
 
 def _has_proxy(args: tuple, kwargs: dict) -> bool:
@@ -400,11 +422,14 @@ class _Tracer(fx.Tracer):
     """Traces through every module; each node's value is computed as it is recorded."""
 
     def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str],
-                 progress: CompileProgress = NO_PROGRESS, record_random_ops: bool = False):
+                 progress: CompileProgress = NO_PROGRESS, record_random_ops: bool = False,
+                 record_factories: bool = False):
         super().__init__()
         self.progress = progress
-        #: record random ops called without a traced argument (:class:`_RecordRandomOps`)
-        self.record_random_ops = record_random_ops
+        #: record random ops, and tensor factories, called without a traced argument (:class:`_RecordUntracedCalls`)
+        self.record_random_ops, self.record_factories = record_random_ops, record_factories
+        #: the user line of the first write of a traced value into a tensor not traced (_writes_untraced_tensor)
+        self.wrote_untraced: str | None = None
         self.nodes = 0
         self.model = model
         self.inputs = list(inputs)
@@ -432,7 +457,8 @@ class _Tracer(fx.Tracer):
     def trace(self, root, concrete_args=None) -> fx.Graph:
         self._stop = sys._getframe()
         try:
-            recording = _RecordRandomOps(self) if self.record_random_ops else contextlib.nullcontext()
+            recording = _RecordUntracedCalls(self, self.record_random_ops, self.record_factories) \
+                if self.record_random_ops or self.record_factories else contextlib.nullcontext()
             with _gc_paused(), recording, self._recording_autograd_functions(), self._refusing_own_generators(), \
                     self._refusing_traced_attributes():
                 return super().trace(root, concrete_args)
@@ -528,6 +554,8 @@ class _Tracer(fx.Tracer):
 
     def record(self, func: Callable, args: tuple, kwargs: dict) -> fx.Proxy:
         """A proxy for the call ``func(*args, **kwargs)`` of a torch function or tensor method."""
+        if self.wrote_untraced is None and _writes_untraced_tensor(func, args):
+            self.wrote_untraced = _user_line(_frames(self._stop))
         if is_tensor_method_or_property(func):
             return self.create_proxy("call_method", func.__name__, args, kwargs)
         return self.create_proxy("call_function", func, args, kwargs)
@@ -610,7 +638,7 @@ class _Tracer(fx.Tracer):
         if self.nodes % NODE_STRIDE == 0:
             self.progress.traced(self.nodes)
         start = time.perf_counter()
-        if self.record_random_ops:
+        if self.record_random_ops or self.record_factories:
             with _NO_TORCH_FUNCTION():   # computing a value records nothing (see _RecordRandomOps)
                 self._store_value(node, kind)
         else:
@@ -948,6 +976,21 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                     f"{type(model).__name__}.forward draws random numbers outside the traced graph through an op "
                     "that is not known to be random; dynamo_relational.compile would freeze them. Use torch's "
                     "random functions, or torch.compile(model, backend=\"relational\").")
+        # A traced value written into a tensor made from Python values (out = torch.zeros(n, d); out[v] = h):
+        # later reads of that tensor ran on its untraced value. Trace again, recording tensor factories.
+        if tracer.wrote_untraced is not None:
+            log.info("relational: %s writes a traced value into a tensor made without one; tracing again to "
+                     "record the tensor factories", tracer.wrote_untraced)
+            _set_generator_states(generators)
+            tracer = _Tracer(model, inputs, names, progress, record_random_ops=tracer.record_random_ops,
+                             record_factories=True)
+            graph = tracer.trace(model)
+            if tracer.wrote_untraced is not None:
+                raise FrontendError(
+                    f"a traced value is written into a tensor the trace does not see at {tracer.wrote_untraced} "
+                    "(a plain tensor attribute, or one made outside forward): dynamo_relational.compile would "
+                    "keep one such tensor for every call. Make it in forward (x.new_zeros(...)), register it as a "
+                    "buffer, or use torch.compile(model, backend=\"relational\").")
     progress.step()
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     leaves, out_spec = pytree.tree_flatten(output.args[0])
@@ -974,22 +1017,46 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
 
 
 def _copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor]) -> None:
-    """A tensor made in ``forward`` from Python values alone (``acc = torch.zeros(8)``) is traced as
-    a constant of the graph; an in-place op on it (``acc += t``) would change that constant for
-    every later call. Eager makes a new tensor on every call, so the op gets a fresh copy.
-    Tracing ran that op on the constant's traced value, so the value is reset to the constant's
-    (the passes recognize a zero accumulator by it)."""
+    """A tensor made in ``forward`` from Python values alone (``acc = torch.zeros(8)``,
+    ``out = torch.zeros(n, d)``) is traced as a constant of the graph; an in-place op on it or on a view
+    of it (``acc += t``, ``out[v] = h``, ``out[v].copy_(h)``) would change that constant for every
+    later call. Eager makes a new tensor on every call, so every reader of such a constant reads one
+    fresh copy of it, made where the constant is read first. Tracing ran the ops on the constant's
+    traced value, so the value is reset to the constant's (the passes recognize a zero accumulator by it)."""
     from dynamo_relational.passes.inplace import is_in_place
 
-    for node in list(graph.nodes):
-        target = node.args[0] if node.args else None
-        if (is_in_place(node) and isinstance(target, fx.Node) and target.op == "get_attr"
-                and target.target.startswith("_tensor_constant")):
-            with graph.inserting_before(node):
-                fresh = graph.call_function(torch.clone, (target,))
-            fresh.meta = dict(target.meta)
-            target.meta["example_value"] = attrs[target.target].detach().clone()
-            node.args = (fresh, *node.args[1:])
+    mutated: dict[fx.Node, None] = {}
+    for node in graph.nodes:
+        if is_in_place(node) and node.args and isinstance(node.args[0], fx.Node):
+            base = _viewed_base(node.args[0])
+            if base.op == "get_attr" and base.target.startswith("_tensor_constant"):
+                mutated[base] = None
+    for constant in mutated:
+        with graph.inserting_after(constant):
+            fresh = graph.call_function(torch.clone, (constant,))
+        constant.replace_all_uses_with(fresh, delete_user_cb=lambda user: user is not fresh)
+        fresh.meta = dict(constant.meta)
+        constant.meta["example_value"] = attrs[constant.target].detach().clone()
+
+
+#: ops whose result may be a view of their first operand (or that operand itself): writing into the
+#: result writes into the operand
+_VIEW_OPS = frozenset(("getitem", "__getitem__", "view", "view_as", "reshape", "reshape_as", "narrow", "select",
+                       "squeeze", "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute", "movedim",
+                       "expand", "expand_as", "flatten", "unflatten", "unbind", "split", "chunk", "tensor_split",
+                       "as_strided", "detach", "diagonal", "unfold", "contiguous", "to", "type", "type_as", "float",
+                       "double", "half", "bfloat16", "real", "imag", "view_as_real", "view_as_complex", "getattr",
+                       "alias"))
+
+
+def _viewed_base(node: fx.Node) -> fx.Node:
+    """The node whose memory ``node`` may share: followed back through view ops to their first operand."""
+    while node.op in ("call_function", "call_method") and node.args and isinstance(node.args[0], fx.Node):
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        if name not in _VIEW_OPS:
+            break
+        node = node.args[0]
+    return node
 
 
 def compile(model: nn.Module, example_inputs: Sequence[torch.Tensor] | torch.Tensor, *, detailed: bool = False,

@@ -38,6 +38,9 @@ _PURE_FORM = {operator.iadd: operator.add, operator.isub: operator.sub, operator
 _IN_PLACE_FUNCTIONS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ipow,
                        operator.imatmul, operator.ifloordiv, operator.imod, operator.setitem,
                        operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+#: their method forms (``t.__setitem__(i, v)``, as fx records a write into a tensor it holds as a constant)
+_IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__", "__imatmul__",
+                     "__ifloordiv__", "__imod__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"}
 _FRESH_FAMILIES = (ELEMENTWISE, MATMUL, LINEAR, AGGREGATE, REDUCE)
 
 
@@ -85,6 +88,8 @@ def _in_place_target(op: str, target) -> bool:
             return False   # operator's in-place functions are listed above; and_, or_, not_ are pure
         name = getattr(target, "__name__", "")
     else:
+        if target in _IN_PLACE_DUNDERS:
+            return True
         name = target
     return _in_place_name(name)
 

@@ -388,6 +388,59 @@ def test_full_mutagenesis_gcn_compiles_and_matches_eager():
         torch.testing.assert_close(compiled(batch.x), model(batch.x), **TOLERANCE[torch.float32])
 
 
+class RowWrites(nn.Module):
+    """Rows written into a tensor made in forward from Python values, in the ways user code writes them."""
+
+    def __init__(self, style: str):
+        super().__init__()
+        self.style = style
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        n, nbrs = x.shape[0], [[(v + 1) % x.shape[0], (v + 3) % x.shape[0]] for v in range(x.shape[0])]
+        out = torch.empty(n, 4, dtype=torch.float64) if self.style == "empty" else torch.zeros(n, 4, dtype=x.dtype)
+        for v in range(n):
+            if self.style in ("setitem", "empty"):
+                out[v] = torch.tanh(sum(self.lin(x[u]) for u in nbrs[v]))
+            elif self.style == "accumulate":
+                for u in nbrs[v]:
+                    out[v] += self.lin(x[u])
+            else:   # a write into a view
+                out[v].copy_(self.lin(x[v]))
+                out.select(0, v).mul_(2)
+        return torch.relu(out)
+
+
+@pytest.mark.parametrize("style", ["setitem", "empty", "accumulate", "view"])
+def test_rows_written_into_a_tensor_made_in_forward_match_eager_on_every_call(style):
+    """fx runs ``torch.zeros(n, d)`` while tracing and keeps the tensor as a constant: a write of traced rows
+    into it (``out[v] = h``) was recorded, but later reads of ``out`` ran on the unwritten constant, and every
+    call shared it. The trace now records the factory when traced values are written into its tensor."""
+    torch.manual_seed(0)
+    model, x = RowWrites(style), torch.randn(10, 4, dtype=torch.float64)
+    compiled = assert_fast_compile_matches_eager(model, x, inductor=False)
+    first = compiled(x)
+    kept = first.detach().clone()
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.float64])
+    torch.testing.assert_close(first, kept, rtol=0, atol=0)   # a new tensor on every call, as in eager
+
+
+def test_writing_traced_values_into_a_plain_tensor_attribute_is_refused():
+    class Attribute(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.memory = torch.zeros(10, 4, dtype=torch.float64)   # neither parameter nor buffer
+
+        def forward(self, x):
+            for v in range(x.shape[0]):
+                self.memory[v] = x[v] * 2
+            return self.memory.sum(0)
+
+    with pytest.raises(FrontendError, match=r"written into a tensor the trace does not see at .*test_frontend.py:\d+"):
+        dynamo_relational.compile(Attribute(), torch.randn(10, 4, dtype=torch.float64), inductor=False)
+
+
 def test_in_place_accumulator_made_in_forward_is_fresh_on_every_call():
     """``acc = torch.zeros(...); acc += ...`` traces ``acc`` as a constant: it must not accumulate across calls."""
     from examples.styles import AccumulatorGCN
