@@ -1,16 +1,17 @@
 """Graph passes of the relational backend, in pipeline order.
 
 Each pass is one module with ``run(graph_module, ctx) -> graph_module``.
-The first eight build the vectorized graph; the rest optimize it and can be
+The first ten build the vectorized graph; the rest optimize it and can be
 switched off one by one with ``options={"disable": ("name", ...)}``.
 """
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, fold_bias, fuse_linear,
                grouping, inplace, linear_layout, lstm_cells, mode_regions, padded_gathers, postpone_gathers,
-               recompute_gathers, rewrite_search, simplify_gathers, split_views, values_indices, vectorize)
+               recompute_gathers, rewrite_search, row_writes, simplify_gathers, split_views, values_indices, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
 PIPELINE = (
+    ("row_writes", row_writes.run),  # out = zeros(n, d); out[i] = h_i  ->  stack(h) (or index_put of it)
     ("inplace", inplace.run),        # acc += t  ->  acc + t; find remaining in-place ops
     ("mode_regions", mode_regions.run),  # no_grad blocks -> detached values; other mode switches keep the order
     ("split_views", split_views.run),  # h.chunk(3)[j], torch.split(h, s)[j], h.unbind(0)[j], h.narrow -> slices

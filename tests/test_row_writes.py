@@ -1,0 +1,83 @@
+"""The row_writes pass: rows written one by one into a new tensor (``out = torch.zeros(n, d); out[v] = h``)
+become one stack, so the graph is grouped instead of kept in order, through both front-ends, and match eager."""
+import pytest
+import torch
+from torch import nn
+
+from tests.test_frontend import report_matching_eager
+
+N = 12
+NEIGHBORS = [[(v + 1) % N, (v + 5) % N] for v in range(N)]
+
+
+class RowWrites(nn.Module):
+    """A layer that writes each neuron's row into a new tensor (rows ``rows``, in a shuffled order, one of
+    them twice and one through a negative index); its readout reads the tensor after the last write."""
+
+    def __init__(self, make: str, rows=range(N), dtype=torch.float64):
+        super().__init__()
+        self.make, self.rows, self.dtype = make, list(rows), dtype
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        make = {"zeros": lambda: torch.zeros(N, 4, dtype=x.dtype), "new_zeros": lambda: x.new_zeros(N, 4),
+                "zeros_like": lambda: torch.zeros_like(x), "empty": lambda: torch.empty(N, 4, dtype=x.dtype)}
+        out = make[self.make]()
+        order = self.rows[::2] + self.rows[1::2]
+        for v in order + order[:1]:
+            out[v - N if v == order[-1] else v] = torch.tanh(sum(self.lin(x[u]) for u in NEIGHBORS[v])).to(self.dtype)
+        return torch.sigmoid(out) * 2
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("make", ["zeros", "new_zeros", "zeros_like", "empty"])
+def test_rows_written_into_a_new_tensor_become_one_stack_and_match_eager(make, front_end):
+    torch.manual_seed(0)
+    report = report_matching_eager(front_end, RowWrites(make), torch.randn(N, 4, dtype=torch.float64))
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 5
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_rows_left_unwritten_keep_their_zeros(front_end):
+    torch.manual_seed(0)
+    report = report_matching_eager(front_end, RowWrites("zeros", rows=range(1, N, 2)),
+                                   torch.randn(N, 4, dtype=torch.float64), inductor=False)
+    assert report.stats["row_writes"] == 1 and report.nodes_after < report.nodes_before / 3
+
+
+class ReadBetweenWrites(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        out, totals = torch.zeros(N, 4, dtype=x.dtype), []
+        for v in range(N):
+            out[v] = torch.tanh(self.lin(x[v]))
+            totals.append(out.sum())   # reads the rows written so far
+        return torch.stack(totals) + out.sum(1)
+
+
+class EvenRows(RowWrites):
+    """Rows of uninitialized memory (``torch.empty``), half of them written: eager's others hold any values."""
+
+    def __init__(self):
+        super().__init__("empty", rows=range(0, N, 2))
+
+    def forward(self, x):
+        return super().forward(x)[0::2]
+
+
+@pytest.mark.parametrize("make", [ReadBetweenWrites, lambda: RowWrites("zeros", dtype=torch.float32), EvenRows],
+                         ids=["read_between", "cast", "empty"])
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_writes_it_cannot_prove_to_be_one_stack_keep_their_order_and_match_eager(make, front_end):
+    """A read between the writes, a row of another dtype (setitem casts it), rows of uninitialized memory."""
+    torch.manual_seed(0)
+    model = make()
+    cast = getattr(model, "dtype", None) == torch.float32
+    report = report_matching_eager(front_end, model, torch.randn(N, 4, dtype=torch.float64), inductor=False,
+                                   tolerance=dict(rtol=1e-6, atol=1e-7) if cast else None)
+    assert report.stats["row_writes"] == 0
+    assert any("in-place op" in reason for reason in report.ungrouped), report.ungrouped
