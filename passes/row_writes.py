@@ -55,7 +55,9 @@ def _row_write(node: fx.Node, base: fx.Node, info: TensorInfo) -> int | None:
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     graph = gm.graph
-    bases = [(n, kind) for n in graph.nodes if (kind := _new_tensor(n)) is not None]
+    written = graph.find_nodes(op="call_function", target=operator.setitem)   # (an index, not a walk)
+    bases = [(n, kind) for n in dict.fromkeys(w.args[0] for w in written if w.args and isinstance(w.args[0], fx.Node))
+             if (kind := _new_tensor(n)) is not None]
     if not bases:
         return gm
     position = {n: i for i, n in enumerate(graph.nodes)}
