@@ -8,10 +8,11 @@ Rewrites ``out = torch.zeros(n, d)`` (or ``x.new_zeros``, ``torch.zeros_like``,
 row written twice holds its last value.
 
 Legal when, before its last row write, ``out`` has no user but the row writes
-(no read, no other write, no view), and every ``h_i`` has exactly a row's
-shape, dtype and device (``setitem`` would cast or broadcast): then ``out``
-after the last write is exactly that stack (those rows in zeros), and each
-later reader sees it. Tensors of uninitialized memory (``empty``) must have
+(no read, no other write, no view), no other in-place op runs between the
+first and the last write (the stack reads the rows at the last), and every
+``h_i`` has exactly a row's shape, dtype and device (``setitem`` would cast or
+broadcast): then ``out`` after the last write is exactly that stack (those
+rows in zeros), and each later reader sees it. Tensors of uninitialized memory (``empty``) must have
 every row written. Saves the in-place writes, which otherwise keep the whole
 graph in its order, ungrouped (``passes/inplace.py``): the rows then group.
 """
@@ -25,7 +26,7 @@ import torch.fx as fx
 from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
-from .inplace import is_zeros
+from .inplace import is_in_place, is_zeros
 
 _EMPTY_FUNCTIONS = (torch.empty, torch.empty_like)
 
@@ -53,6 +54,17 @@ def _row_write(node: fx.Node, base: fx.Node, info: TensorInfo) -> int | None:
     return index % info.shape[0] if isinstance(value, fx.Node) and tensor_info(value) is row else None
 
 
+def _writes_between(first: fx.Node, last: fx.Node, own: set) -> bool:
+    """Whether an in-place op other than ``own`` runs between ``first`` and ``last``: it might change a row's
+    value after its write copied it, and the stack reads the rows at ``last``."""
+    node = first.next
+    while node is not last:
+        if node not in own and is_in_place(node):
+            return True
+        node = node.next
+    return False
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     graph = gm.graph
     written = graph.find_nodes(op="call_function", target=operator.setitem)   # (an index, not a walk)
@@ -69,9 +81,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         writes = sorted((u for u in base.users if _row_write(u, base, info) is not None), key=position.get)
         if not writes:
             continue
-        last = position[writes[-1]]
-        readers = [u for u in base.users if u not in set(writes)]
-        if any(position[u] < last for u in readers) or any(w.users for w in writes):
+        last, own = position[writes[-1]], set(writes)
+        readers = [u for u in base.users if u not in own]
+        if any(position[u] < last for u in readers) or any(w.users for w in writes) or \
+                _writes_between(writes[0], writes[-1], own):
             continue
         rows = {_row_write(w, base, info): w.args[2] for w in writes}   # (in order: the last write wins)
         complete = len(rows) == info.shape[0]

@@ -59,6 +59,22 @@ class ReadBetweenWrites(nn.Module):
         return torch.stack(totals) + out.sum(1)
 
 
+class ChangedAfterItsWrite(nn.Module):
+    """A row's value changed in place after its write copied it: the tensor keeps the value from before."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        out, values = torch.zeros(N, 4, dtype=x.dtype), [self.lin(x[v]) + 1.0 for v in range(N)]
+        for v in range(N):
+            out[v] = values[v]
+            if v == 3:
+                values[0].mul_(2)
+        return out + values[0]
+
+
 class EvenRows(RowWrites):
     """Rows of uninitialized memory (``torch.empty``), half of them written: eager's others hold any values."""
 
@@ -69,11 +85,12 @@ class EvenRows(RowWrites):
         return super().forward(x)[0::2]
 
 
-@pytest.mark.parametrize("make", [ReadBetweenWrites, lambda: RowWrites("zeros", dtype=torch.float32), EvenRows],
-                         ids=["read_between", "cast", "empty"])
+@pytest.mark.parametrize("make", [ReadBetweenWrites, lambda: RowWrites("zeros", dtype=torch.float32), EvenRows,
+                                  ChangedAfterItsWrite], ids=["read_between", "cast", "empty", "changed_after"])
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_writes_it_cannot_prove_to_be_one_stack_keep_their_order_and_match_eager(make, front_end):
-    """A read between the writes, a row of another dtype (setitem casts it), rows of uninitialized memory."""
+    """A read between the writes, a row of another dtype (setitem casts it), rows of uninitialized memory, a
+    row's value changed after its write."""
     torch.manual_seed(0)
     model = make()
     cast = getattr(model, "dtype", None) == torch.float32
