@@ -8,8 +8,9 @@ Rewrites ``out = torch.zeros(n, d)`` (or ``x.new_zeros``, ``torch.zeros_like``,
 row written twice holds its last value.
 
 Legal when, before its last row write, ``out`` has no user but the row writes
-(no read, no other write, no view), no other in-place op runs between the
-first and the last write (the stack reads the rows at the last), and every
+(no read, no other write, no view), no other in-place op and no mode switch
+(``torch.no_grad()``) runs between the first and the last write (the stack
+reads the rows at the last, in the mode there), and every
 ``h_i`` has exactly a row's shape, dtype and device (``setitem`` would cast or
 broadcast): then ``out`` after the last write is exactly that stack (those
 rows in zeros), and each later reader sees it. Tensors of uninitialized memory (``empty``) must have
@@ -27,6 +28,7 @@ from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
 from .inplace import is_in_place, is_zeros
+from .mode_regions import is_mode_switch
 
 _EMPTY_FUNCTIONS = (torch.empty, torch.empty_like)
 
@@ -55,11 +57,12 @@ def _row_write(node: fx.Node, base: fx.Node, info: TensorInfo) -> int | None:
 
 
 def _writes_between(first: fx.Node, last: fx.Node, own: set) -> bool:
-    """Whether an in-place op other than ``own`` runs between ``first`` and ``last``: it might change a row's
-    value after its write copied it, and the stack reads the rows at ``last``."""
+    """Whether an in-place op other than ``own``, or a mode switch, runs between ``first`` and ``last``: it might
+    change a row's value after its write copied it, or the grad mode a row was written in, and the stack reads
+    the rows at ``last``, in the mode there."""
     node = first.next
     while node is not last:
-        if node not in own and is_in_place(node):
+        if (node not in own and is_in_place(node)) or is_mode_switch(node):
             return True
         node = node.next
     return False
