@@ -11,7 +11,7 @@ from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
 PIPELINE = (
-    ("row_writes", row_writes.run),  # out = zeros(n, d); out[i] = h_i  ->  stack(h) (or index_put of it)
+    ("row_writes", row_writes.run),  # out = zeros(n, d); out[i] = h_i; out[i] += m  ->  stack of rows
     ("inplace", inplace.run),        # acc += t  ->  acc + t; find remaining in-place ops
     ("mode_regions", mode_regions.run),  # no_grad blocks -> detached values; other mode switches keep the order
     ("split_views", split_views.run),  # h.chunk(3)[j], torch.split(h, s)[j], h.unbind(0)[j], h.narrow -> slices

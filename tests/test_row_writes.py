@@ -1,9 +1,11 @@
-"""The row_writes pass: rows written one by one into a new tensor (``out = torch.zeros(n, d); out[v] = h``)
-become one stack, so the graph is grouped instead of kept in order, through both front-ends, and match eager."""
+"""The row_writes pass: rows written (``out = torch.zeros(n, d); out[v] = h``) or accumulated (``out[v] += m``) one
+by one into a new tensor become one stack, so the graph is grouped instead of kept in order, through both
+front-ends, and match eager."""
 import pytest
 import torch
 from torch import nn
 
+import dynamo_relational
 from tests.test_frontend import report_matching_eager
 
 N = 12
@@ -44,6 +46,33 @@ def test_rows_left_unwritten_keep_their_zeros(front_end):
     report = report_matching_eager(front_end, RowWrites("zeros", rows=range(1, N, 2)),
                                    torch.randn(N, 4, dtype=torch.float64), inductor=False)
     assert report.stats["row_writes"] == 1 and report.nodes_after < report.nodes_before / 3
+
+
+class Accumulated(nn.Module):
+    """Messages added into their neuron's row (``out[v] += m``), some rows first set (``out[v] = h``), the
+    first row left untouched; with ``make="empty"``, the additions land on uninitialized memory."""
+
+    def __init__(self, make: str = "zeros"):
+        super().__init__()
+        self.make = make
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        out = torch.zeros(N, 4, dtype=x.dtype) if self.make == "zeros" else torch.empty(N, 4, dtype=x.dtype)
+        for v in range(1, N):
+            if v % 3 == 0:
+                out[v] = torch.tanh(self.lin(x[v]))
+            for u in NEIGHBORS[v]:
+                out[v] += self.lin(x[u])
+        return torch.relu(out)[1:]
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_rows_accumulated_into_a_new_tensor_become_sums_and_one_stack(front_end):
+    torch.manual_seed(0)
+    report = report_matching_eager(front_end, Accumulated(), torch.randn(N, 4, dtype=torch.float64))
+    assert set(report.ungrouped) == {"no vectorizer for call_function index_put"}   # (row 0 keeps its zeros)
+    assert report.stats["row_writes"] == 1 and report.nodes_after < report.nodes_before / 5
 
 
 class ReadBetweenWrites(nn.Module):
@@ -117,3 +146,10 @@ def test_writes_it_cannot_prove_to_be_one_stack_keep_their_order_and_match_eager
                                    tolerance=dict(rtol=1e-6, atol=1e-7) if cast else None)
     assert report.stats["row_writes"] == 0
     assert any("in-place op" in reason or "mode" in reason for reason in report.ungrouped), report.ungrouped
+
+
+def test_additions_to_uninitialized_memory_stay_as_they_are():
+    """``torch.empty`` then ``out[v] += m``: eager adds to whatever the memory held (no value to compare)."""
+    compiled = dynamo_relational.compile(Accumulated("empty"), torch.randn(N, 4, dtype=torch.float64), inductor=False)
+    report = compiled.report.graphs[0]
+    assert report.stats["row_writes"] == 0 and any("in-place op" in reason for reason in report.ungrouped)
