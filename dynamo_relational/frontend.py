@@ -13,7 +13,9 @@ Contract (what makes the fast trace exact):
 * **Structure comes from Python data.** Loops, lists and ``if`` statements
   over Python values (neighbour lists, rules, trees) run once, at compile
   time; their result is frozen into the graph. Changing that data later does
-  not change the compiled graph: compile again.
+  not change the compiled graph: compile again. Numpy scalars and arrays count as
+  Python data (numbers and constant tensors), and so do tensors held in plain
+  attributes; replacing or changing one of those traces again on the next call.
 * **No data-dependent control flow on tensor values.** ``bool(t)``,
   ``if x[v] > 0``, ``int(t)``, ``t.item()``, ``t.tolist()`` and ops whose
   output shape depends on values (``nonzero``, boolean masks, ``unique``)
@@ -70,6 +72,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy
 import torch
 import torch.fx as fx
 from torch import nn
@@ -608,6 +611,10 @@ class _Tracer(fx.Tracer):
             return {k: self.create_arg(v) for k, v in a.items()}
         if isinstance(a, torch.Tensor):   # a parameter, buffer or constant tensor
             return self.create_node("get_attr", self._attr_name(a), (), {})
+        if isinstance(a, (numpy.integer, numpy.floating)):
+            return a.item()   # structure read from numpy arrays: eager treats their scalars as Python numbers
+        if isinstance(a, numpy.ndarray):   # eager converts it to a tensor of its dtype (an index, a constant)
+            return self.create_arg(torch.from_numpy(a.copy()))
         return super().create_arg(a)
 
     def _attr_name(self, t: torch.Tensor) -> str:
@@ -761,6 +768,8 @@ class _Traced:
     compiled: dict[Any, Callable] = field(default_factory=dict)
     #: keys of ``compiled`` whose code is shared across groundings (dynamic sizes)
     shared: set = field(default_factory=set)
+    #: the tensors the model holds outside its parameters and buffers when traced: see :class:`_TensorAttributes`
+    tensor_attributes: "_TensorAttributes | None" = None
 
 
 class RelationalModule(nn.Module):
@@ -862,6 +871,13 @@ class RelationalModule(nn.Module):
         """The compiled graph for the modules' state (see :meth:`_state`) and the autograd need of this call."""
         state = self._state()
         traced = self._traced.get(state)
+        changed = traced.tensor_attributes.changed() if traced is not None else None
+        if changed is not None:
+            log.warning("relational: %s was %s since the model was traced; tracing and compiling it again (a "
+                        "tensor that changes between calls is read as it is on each call if it is a buffer: "
+                        "register_buffer)", *changed)
+            del self._traced[state]
+            traced = None
         if traced is None:
             if self._traced:
                 log.warning("relational: %s switched train/eval mode, or its module hooks, modules, parameters or "
@@ -960,6 +976,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     tracer = _Tracer(model, inputs, names, progress)
     progress.start("tracing")
     generators = _generator_states()
+    attributes = _TensorAttributes(model)
     with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
         graph = tracer.trace(model)
         # Tracing computes no random value from the generators (see _Tracer._value): a draw means a
@@ -991,6 +1008,13 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                     "(a plain tensor attribute, or one made outside forward): dynamo_relational.compile would "
                     "keep one such tensor for every call. Make it in forward (x.new_zeros(...)), register it as a "
                     "buffer, or use torch.compile(model, backend=\"relational\").")
+    changed = attributes.changed()
+    if changed is not None:
+        attributes.restore()
+        raise FrontendError(
+            f"{type(model).__name__}.forward changes {changed[0]} ({changed[1]} while tracing): dynamo_relational."
+            "compile would make that change once, at compile time, not on every call. Register the tensor as a "
+            "buffer and update it in place, or use torch.compile(model, backend=\"relational\").")
     progress.step()
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     leaves, out_spec = pytree.tree_flatten(output.args[0])
@@ -1013,7 +1037,69 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
         node.meta.pop("example_value", None)
     report.timings = {"trace": trace_seconds - tracer.value_seconds, "values": tracer.value_seconds,
                       **report.timings}
-    return _Traced(gm, report, out_spec, constants)
+    return _Traced(gm, report, out_spec, constants, tensor_attributes=attributes)
+
+
+class _TensorAttributes:
+    """The tensors that the model's modules hold as plain attributes (``self.edge_index = ...``, neither
+    parameter nor buffer), or as items of a list, tuple or dict attribute, with their version counters.
+
+    Tracing reads them as Python data: ops on them run once, at compile time, and their results are
+    frozen into the graph (``deg = self.adj.sum(1)``). Replacing one (``model.adj = other``) or changing it
+    in place (``model.adj.mul_(2)``) would leave the graph computing with the old values: :meth:`changed`
+    tells, and the next call traces again, as Dynamo would recompile."""
+
+    def __init__(self, model: nn.Module):
+        self.held = []   # (module, attribute name, key or _WHOLE, tensor, version)
+        for module in model.modules():
+            for name, value in vars(module).items():
+                if name in _MODULE_REGISTRIES:
+                    continue
+                if isinstance(value, torch.Tensor):
+                    self.held.append((module, name, _WHOLE, value, _version(value)))
+                elif isinstance(value, (list, tuple, dict)):
+                    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+                        if isinstance(item, torch.Tensor):
+                            self.held.append((module, name, key, item, _version(item)))
+
+    def changed(self) -> tuple[str, str] | None:
+        """(the first held tensor that was replaced or changed in place, as ``"Model.adj"``; how), or None."""
+        for module, name, key, tensor, version in self.held:
+            value = vars(module).get(name)
+            if key is not _WHOLE:
+                try:
+                    value = value[key]
+                except (LookupError, TypeError):
+                    value = None
+            how = "replaced" if value is not tensor else "changed in place" if _version(tensor) != version else None
+            if how:
+                return f"{type(module).__name__}.{name}" + ("" if key is _WHOLE else f"[{key!r}]"), how
+        return None
+
+    def restore(self) -> None:
+        """Put the held tensors back where they were replaced (changes made in place stay)."""
+        for module, name, key, tensor, _ in self.held:
+            if key is _WHOLE:
+                vars(module)[name] = tensor
+            else:
+                container = vars(module).get(name)
+                if isinstance(container, (list, dict)):
+                    try:
+                        container[key] = tensor
+                    except IndexError:
+                        pass
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (raised by each in-place change); None for an inference tensor, which has none
+    (and cannot be changed in place outside inference mode)."""
+    return None if tensor.is_inference() else tensor._version
+
+
+#: where nn.Module keeps its parameters, buffers and submodules (the graph reads those as get_attr nodes)
+_MODULE_REGISTRIES = frozenset(("_parameters", "_buffers", "_modules"))
+#: the key of a tensor held by the attribute itself, not by an item of a list, tuple or dict
+_WHOLE = object()
 
 
 def _copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor]) -> None:

@@ -1,4 +1,5 @@
 """``dynamo_relational.compile``, the fast front-end: eager's numbers and gradients, clear errors."""
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -111,6 +112,30 @@ def test_python_idioms_and_tuple_output(inductor):
     torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
     assert not any(name.startswith("_tensor_constant") for name in vars(model)), "the model was modified"
     assert [n for n, _ in model.named_buffers()] == ["scale"]
+
+
+class NumpyStructure(nn.Module):
+    """Structure read from numpy arrays: node ids are ``numpy.int64``, a scale a ``numpy.float32``, and
+    one index an array."""
+
+    def __init__(self):
+        super().__init__()
+        self.edges = np.array([[0, 1], [1, 2], [2, 0], [3, 1], [4, 3], [5, 4], [0, 5]])
+        self.W = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x):
+        messages = [[] for _ in range(x.shape[0])]
+        for u, v in self.edges:
+            messages[v].append(self.W @ x[u] * np.float32(0.5))
+        h = torch.stack([torch.tanh(sum(m, x[np.int64(v)])) for v, m in enumerate(messages)])
+        return h + x[np.array([5, 4, 3, 2, 1, 0])]
+
+
+def test_structure_from_numpy_arrays_traces_like_python_numbers():
+    torch.manual_seed(0)
+    model = NumpyStructure().double()
+    compiled = assert_fast_compile_matches_eager(model, torch.randn(6, 4, dtype=torch.float64))
+    assert compiled.report.nodes_after < compiled.report.nodes_before
 
 
 @pytest.mark.parametrize("model", [
@@ -278,6 +303,62 @@ def test_replaced_parameters_buffers_and_modules_are_traced_again(change):
     got_grads = torch.autograd.grad(got.sum(), list(model.parameters()))
     want_grads = torch.autograd.grad(want.sum(), list(model.parameters()))
     torch.testing.assert_close(got_grads, want_grads, **TOLERANCE[torch.float64])
+
+
+@pytest.mark.parametrize("change", ["in_place", "attribute", "list_item"])
+def test_changed_tensor_attributes_are_traced_again(change):
+    """Plain tensor attributes (a dense adjacency ``self.adj``, one tensor per relation in a list) are read
+    as Python data: values computed from them alone (the degrees) are frozen into the graph. After one is
+    replaced or changed in place, the next call traces again instead of computing with the old values."""
+    class Propagate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, dtype=torch.float64)
+            self.adj = torch.rand(4, 4, dtype=torch.float64)
+            self.scales = [torch.rand(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64)]
+
+        def forward(self, x):
+            degree = self.adj.sum(1)
+            h = [torch.tanh(self.lin(x[v])) * self.scales[v % 2] for v in range(x.shape[0])]
+            return torch.stack([sum(self.adj[v, u] * h[u] for u in range(len(h))) / degree[v] for v in range(len(h))])
+
+    torch.manual_seed(0)
+    model, x = Propagate(), torch.randn(4, 3, dtype=torch.float64)
+    compiled = dynamo_relational.compile(model, x, inductor=False)
+    torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.float64])
+    if change == "in_place":
+        model.adj[0].mul_(2.0)
+    elif change == "attribute":
+        model.adj = torch.rand(4, 4, dtype=torch.float64)
+    else:
+        model.scales[1] = torch.rand(3, dtype=torch.float64)
+    torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.float64])
+    assert len(compiled._traced) == 1
+    traced = compiled._current()
+    compiled(x)
+    assert compiled._current() is traced   # unchanged since: the next call reuses the graph
+
+
+@pytest.mark.parametrize("style", ["replaced", "in_place"])
+def test_forward_changing_a_tensor_attribute_is_a_clear_error(style):
+    """A change that tracing would make once, not on every call, is refused; a replaced tensor is put back."""
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.calls = torch.zeros(())
+
+        def forward(self, x):
+            if style == "replaced":
+                self.calls = self.calls + 1
+            else:
+                self.calls += 1
+            return torch.stack([row * 2 for row in x])
+
+    model = Counting()
+    before = model.calls
+    with pytest.raises(FrontendError, match=r"Counting.forward changes Counting.calls \((replaced|changed in place)"):
+        dynamo_relational.compile(model, torch.randn(3, 2), inductor=False)
+    assert model.calls is before
 
 
 def test_training_through_inductor_matches_eager():
