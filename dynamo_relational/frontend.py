@@ -14,8 +14,9 @@ Contract (what makes the fast trace exact):
   over Python values (neighbour lists, rules, trees) run once, at compile
   time; their result is frozen into the graph. Changing that data later does
   not change the compiled graph: compile again. Numpy scalars and arrays count as
-  Python data (numbers and constant tensors), and so do tensors held in plain
-  attributes; replacing or changing one of those traces again on the next call.
+  Python data (numbers and constant tensors), and so do tensors and scalars held
+  in plain attributes; replacing or changing one of those traces again on the
+  next call.
 * **No data-dependent control flow on tensor values.** ``bool(t)``,
   ``if x[v] > 0``, ``int(t)``, ``t.item()``, ``t.tolist()`` and ops whose
   output shape depends on values (``nonzero``, boolean masks, ``unique``)
@@ -768,8 +769,8 @@ class _Traced:
     compiled: dict[Any, Callable] = field(default_factory=dict)
     #: keys of ``compiled`` whose code is shared across groundings (dynamic sizes)
     shared: set = field(default_factory=set)
-    #: the tensors the model holds outside its parameters and buffers when traced: see :class:`_TensorAttributes`
-    tensor_attributes: "_TensorAttributes | None" = None
+    #: what the modules held outside their parameters, buffers and submodules when traced: see :class:`_Attributes`
+    attributes: "_Attributes | None" = None
 
 
 class RelationalModule(nn.Module):
@@ -871,11 +872,11 @@ class RelationalModule(nn.Module):
         """The compiled graph for the modules' state (see :meth:`_state`) and the autograd need of this call."""
         state = self._state()
         traced = self._traced.get(state)
-        changed = traced.tensor_attributes.changed() if traced is not None else None
+        changed = traced.attributes.changed() if traced is not None else None
         if changed is not None:
             log.warning("relational: %s was %s since the model was traced; tracing and compiling it again (a "
-                        "tensor that changes between calls is read as it is on each call if it is a buffer: "
-                        "register_buffer)", *changed)
+                        "value that changes between calls is better an input, or a buffer: the graph reads those on "
+                        "every call)", *changed)
             del self._traced[state]
             traced = None
         if traced is None:
@@ -976,7 +977,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     tracer = _Tracer(model, inputs, names, progress)
     progress.start("tracing")
     generators = _generator_states()
-    attributes = _TensorAttributes(model)
+    attributes = _Attributes(model)
     with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
         graph = tracer.trace(model)
         # Tracing computes no random value from the generators (see _Tracer._value): a draw means a
@@ -1008,7 +1009,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                     "(a plain tensor attribute, or one made outside forward): dynamo_relational.compile would "
                     "keep one such tensor for every call. Make it in forward (x.new_zeros(...)), register it as a "
                     "buffer, or use torch.compile(model, backend=\"relational\").")
-    changed = attributes.changed()
+    changed = attributes.changed(scalars=False)
     if changed is not None:
         attributes.restore()
         raise FrontendError(
@@ -1037,33 +1038,40 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
         node.meta.pop("example_value", None)
     report.timings = {"trace": trace_seconds - tracer.value_seconds, "values": tracer.value_seconds,
                       **report.timings}
-    return _Traced(gm, report, out_spec, constants, tensor_attributes=attributes)
+    # (after the trace: forward may set scalar attributes, say a cached size, which the graph does not change)
+    return _Traced(gm, report, out_spec, constants, attributes=_Attributes(model))
 
 
-class _TensorAttributes:
-    """The tensors that the model's modules hold as plain attributes (``self.edge_index = ...``, neither
-    parameter nor buffer), or as items of a list, tuple or dict attribute, with their version counters.
+class _Attributes:
+    """What the model's modules hold as plain attributes (neither parameter, buffer nor submodule), which
+    tracing reads as Python data: tensors (``self.edge_index = ...``, also as items of a list, tuple or dict
+    attribute), by identity and version counter, and Python scalars (``self.temperature = 0.5``, Dropout's
+    ``p``), by value.
 
-    Tracing reads them as Python data: ops on them run once, at compile time, and their results are
-    frozen into the graph (``deg = self.adj.sum(1)``). Replacing one (``model.adj = other``) or changing it
-    in place (``model.adj.mul_(2)``) would leave the graph computing with the old values: :meth:`changed`
-    tells, and the next call traces again, as Dynamo would recompile."""
+    Ops on them run once, at compile time, and their results are frozen into the graph
+    (``deg = self.adj.sum(1)``). Replacing one (``model.adj = other``, ``model.drop.p = 0.2``) or changing a
+    tensor in place (``model.adj.mul_(2)``) would leave the graph computing with the old values:
+    :meth:`changed` tells, and the next call traces again, as Dynamo would recompile. (Containers of Python
+    data, such as neighbour lists, are not compared: the contract freezes them.)"""
 
     def __init__(self, model: nn.Module):
-        self.held = []   # (module, attribute name, key or _WHOLE, tensor, version)
+        self.held = []   # (module, attribute name, key or _WHOLE, tensor, version) for tensors
+        self.scalars = []   # (module, attribute name, value) for Python scalars
         for module in model.modules():
             for name, value in vars(module).items():
-                if name in _MODULE_REGISTRIES:
+                if name in _MODULE_STATE:
                     continue
-                if isinstance(value, torch.Tensor):
+                if type(value) in _SCALARS:
+                    self.scalars.append((module, name, value))
+                elif isinstance(value, torch.Tensor):
                     self.held.append((module, name, _WHOLE, value, _version(value)))
                 elif isinstance(value, (list, tuple, dict)):
                     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
                         if isinstance(item, torch.Tensor):
                             self.held.append((module, name, key, item, _version(item)))
 
-    def changed(self) -> tuple[str, str] | None:
-        """(the first held tensor that was replaced or changed in place, as ``"Model.adj"``; how), or None."""
+    def changed(self, scalars: bool = True) -> tuple[str, str] | None:
+        """(the first attribute replaced or changed in place since, as ``"Model.adj"``; how), or None."""
         for module, name, key, tensor, version in self.held:
             value = vars(module).get(name)
             if key is not _WHOLE:
@@ -1074,6 +1082,10 @@ class _TensorAttributes:
             how = "replaced" if value is not tensor else "changed in place" if _version(tensor) != version else None
             if how:
                 return f"{type(module).__name__}.{name}" + ("" if key is _WHOLE else f"[{key!r}]"), how
+        for module, name, held in self.scalars if scalars else ():
+            value = vars(module).get(name, _WHOLE)
+            if value is not held and (type(value) is not type(held) or value != held):
+                return f"{type(module).__name__}.{name}", f"changed from {held!r} to {value!r}"
         return None
 
     def restore(self) -> None:
@@ -1096,8 +1108,11 @@ def _version(tensor: torch.Tensor) -> int | None:
     return None if tensor.is_inference() else tensor._version
 
 
-#: where nn.Module keeps its parameters, buffers and submodules (the graph reads those as get_attr nodes)
-_MODULE_REGISTRIES = frozenset(("_parameters", "_buffers", "_modules"))
+#: nn.Module's own state: its parameters, buffers and submodules (the graph reads those as get_attr nodes) and
+#: its train/eval flag (:meth:`RelationalModule._state` keys the graphs by it)
+_MODULE_STATE = frozenset(("_parameters", "_buffers", "_modules", "training"))
+#: the Python scalars that :class:`_Attributes` compares
+_SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 #: the key of a tensor held by the attribute itself, not by an item of a list, tuple or dict
 _WHOLE = object()
 

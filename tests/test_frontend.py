@@ -305,10 +305,10 @@ def test_replaced_parameters_buffers_and_modules_are_traced_again(change):
     torch.testing.assert_close(got_grads, want_grads, **TOLERANCE[torch.float64])
 
 
-@pytest.mark.parametrize("change", ["in_place", "attribute", "list_item"])
-def test_changed_tensor_attributes_are_traced_again(change):
-    """Plain tensor attributes (a dense adjacency ``self.adj``, one tensor per relation in a list) are read
-    as Python data: values computed from them alone (the degrees) are frozen into the graph. After one is
+@pytest.mark.parametrize("change", ["in_place", "attribute", "list_item", "scalar"])
+def test_changed_attributes_are_traced_again(change):
+    """Plain attributes (a dense adjacency ``self.adj``, one tensor per relation in a list, a temperature) are
+    read as Python data: values computed from them alone (the degrees) are frozen into the graph. After one is
     replaced or changed in place, the next call traces again instead of computing with the old values."""
     class Propagate(nn.Module):
         def __init__(self):
@@ -316,9 +316,10 @@ def test_changed_tensor_attributes_are_traced_again(change):
             self.lin = nn.Linear(3, 3, dtype=torch.float64)
             self.adj = torch.rand(4, 4, dtype=torch.float64)
             self.scales = [torch.rand(3, dtype=torch.float64), torch.rand(3, dtype=torch.float64)]
+            self.temperature = 1.0
 
         def forward(self, x):
-            degree = self.adj.sum(1)
+            degree = self.adj.sum(1) * self.temperature
             h = [torch.tanh(self.lin(x[v])) * self.scales[v % 2] for v in range(x.shape[0])]
             return torch.stack([sum(self.adj[v, u] * h[u] for u in range(len(h))) / degree[v] for v in range(len(h))])
 
@@ -330,8 +331,10 @@ def test_changed_tensor_attributes_are_traced_again(change):
         model.adj[0].mul_(2.0)
     elif change == "attribute":
         model.adj = torch.rand(4, 4, dtype=torch.float64)
-    else:
+    elif change == "list_item":
         model.scales[1] = torch.rand(3, dtype=torch.float64)
+    else:
+        model.temperature = 2.0
     torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.float64])
     assert len(compiled._traced) == 1
     traced = compiled._current()
