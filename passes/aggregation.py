@@ -11,6 +11,11 @@ itself, retargeted: it keeps its name, such as ``add_17``):
 Legal because only additions whose result has a single user (the next
 addition) are merged, so no intermediate partial sum is observed elsewhere,
 and because no broadcasting or type promotion happens in a merged addition.
+Only floating-point values are aggregated: integer additions wrap around in
+their own dtype and ``+`` on bools is a logical or, which a sum vectorized
+as a reduction would not reproduce (a dense ``sum`` promotes integers to
+int64), and the segment kernels have no integer or complex kernels. Those
+stay additions, grouped as elementwise ops.
 The sum is reassociated (a tree instead of a chain), which changes results
 only within floating-point rounding. Saves one node per term and gives the
 grouping pass a fan-in to vectorize as one segment or dense reduction.
@@ -61,7 +66,7 @@ def _addends(node: fx.Node):
     if len(args) != 2:
         return None
     info = tensor_info(node)
-    if info is None:
+    if info is None or not info.dtype.is_floating_point:
         return None
     for a in args:   # each a Python 0 or a node of the sum's info (interned: compared by identity)
         kind = type(a)
@@ -96,7 +101,7 @@ def _stack_reduction(node: fx.Node):
     if stack_dim != 0 or not isinstance(terms, (list, tuple)) or not terms:
         return None
     info = tensor_info(node)
-    if info is None or any(tensor_info(t) != info for t in terms):
+    if info is None or not info.dtype.is_floating_point or any(tensor_info(t) != info for t in terms):
         return None
     return list(terms), reduce
 
