@@ -248,3 +248,27 @@ def test_integer_bool_and_complex_sums_keep_their_dtype_and_match_eager(front_en
         compiled = dynamo_relational.compile(model, x, strict=True)
         assert compiled.report.nodes_after < compiled.report.nodes_before / 4   # the additions still group
     torch.testing.assert_close(compiled(x), model(x), rtol=0 if not dtype.is_complex else 1e-6, atol=0)
+
+
+class ScaledRows(nn.Module):
+    """A scale, offset and divisor of its own for each neuron (Python floats)."""
+
+    def forward(self, x):
+        return torch.stack([(x[v] * (0.1 * v + 0.3) - 0.37 * v) / (1.3 + 0.2 * v) + (0.7 - 0.05 * v) * x[v]
+                            for v in range(ROWS)])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_per_neuron_scalars_in_low_precision_round_as_eager(front_end, dtype):
+    """Eager multiplies and divides a float16/bfloat16 tensor by a Python float in float32, and rounds a
+    summand to the tensor's dtype first: the vectorized ops (grouped graph run by ATen) give its bits."""
+    torch.manual_seed(0)
+    x = (torch.randn(ROWS, 256) * 10).to(dtype)
+    model = ScaledRows()
+    if front_end == "backend":
+        compiled = torch.compile(model, backend="relational", options={"strict": True, "inductor": False})
+    else:
+        compiled = dynamo_relational.compile(model, x, strict=True, inductor=False)
+    got, want = compiled(x), model(x)
+    assert got.dtype == dtype and torch.equal(got, want), (got != want).sum()

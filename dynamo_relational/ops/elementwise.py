@@ -37,6 +37,9 @@ class _VaryingConst(_Slot):
     pass
 
 
+#: low-precision dtypes whose products and quotients with a Python scalar eager computes in float32
+_OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+_SCALED = {operator.mul, operator.truediv, torch.mul, torch.div, "mul", "div", "__rmul__", "__rtruediv__"}
 _ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, torch.add, torch.sub,
                torch.mul, torch.div, "add", "sub", "mul", "div", "__radd__", "__rsub__", "__rmul__",
                "__rtruediv__"}
@@ -118,7 +121,11 @@ class Elementwise(OpFamily):
             # a fill value per member: masked_fill takes one scalar, where takes the column
             named = {**dict(zip(("input", "mask", "value"), new_args)), **new_kwargs}
             return b.graph.call_function(torch.where, (named["mask"], named["value"], named["input"]))
-        return b.graph.create_node(first.node.op, first.node.target, new_args, new_kwargs)
+        result = b.graph.create_node(first.node.op, first.node.target, new_args, new_kwargs)
+        if column_dtype is not out.dtype and first.node.target in _ARITHMETIC \
+                and any(isinstance(c, fx.Node) for c in consts):
+            result = b.graph.call_method("to", (result, out.dtype))   # a float32 column: round back once
+        return result
 
 
 class _Unsupported(Exception):
@@ -137,12 +144,15 @@ _VARYING_SCALARS = {**{t: (0, 1) for t in (operator.gt, operator.lt, operator.ge
 
 def _varying_scalars(node: fx.Node, info) -> tuple[tuple, torch.dtype | None]:
     """Which arguments of ``node`` (positions, keywords) may be a scalar that differs between members,
-    and the dtype of the ``[k, 1, ...]`` constant they become: for floating arithmetic the result's;
+    and the dtype of the ``[k, 1, ...]`` constant they become: for floating arithmetic the result's (float32
+    for products and quotients of float16 and bfloat16 values, which eager computes with the scalar in
+    float32, where it rounds a summand to the result's dtype first: the result is rounded back);
     for the ops of :data:`_VARYING_SCALARS` the one floating dtype of their tensors (PyTorch converts
     the scalar to it), else none."""
     target = node.target
     if target in _ARITHMETIC:
-        return ((0, 1) if info.dtype.is_floating_point else ()), info.dtype
+        column = _OPMATH.get(info.dtype, info.dtype) if target in _SCALED else info.dtype
+        return ((0, 1) if info.dtype.is_floating_point else ()), column
     places = _VARYING_SCALARS.get(target)
     if places is None:
         return (), None
