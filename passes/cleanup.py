@@ -5,7 +5,9 @@
   inner reshape keeps);
 * ``reshape(x, (1, *s))[0]`` -> ``reshape(x, s)`` (a one-member group read back);
 * ``reshape(x, s).squeeze(d)`` / ``.unsqueeze(d)`` -> one reshape (the shape is known);
-* dead nodes (unused row reads, gathers, constants) are erased.
+* dead nodes (unused row reads, gathers, constants) are erased, but for calls
+  outside the op catalog and random ops, which may change state (vectorize
+  marks them).
 
 Legal because all rewritten nodes are pure. Saves nodes the vectorizer leaves
 behind at group boundaries.
@@ -19,6 +21,7 @@ import torch.fx as fx
 from .context import PassContext
 from .inplace import is_in_place
 from .mode_regions import is_mode_switch
+from .vectorize import MAY_HAVE_EFFECTS
 
 
 def _is_reshape(node) -> bool:
@@ -55,9 +58,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             if shape is not None:
                 inner = node.args[0]
                 node.target, node.args = "reshape", (inner.args[0] if len(inner.users) == 1 else inner, shape)
-    # In-place ops and mode switches have no users but must stay (FX counts neither mul_ nor the exit
-    # of inference mode as impure).
-    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_in_place(n) or is_mode_switch(n))
+    # In-place ops, mode switches and the calls that vectorize marked (outside the catalog, or random) have
+    # no users but must stay (FX counts neither mul_ nor the exit of inference mode as impure).
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_in_place(n) or is_mode_switch(n)
+                              or MAY_HAVE_EFFECTS in n.meta)
     used = {n.target for n in graph.nodes if n.op == "get_attr"}
     for name in [name for name, _ in gm.named_buffers() if name.startswith("_relational_") and name not in used]:
         delattr(gm, name)

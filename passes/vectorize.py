@@ -23,10 +23,11 @@ import torch
 import torch.fx as fx
 
 from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
-from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import draws_random_numbers
 
 from .context import PassContext
+from .cse import is_factory
 
 
 #: a gather from several sources concatenates them only while that copies at most this many times the rows
@@ -255,6 +256,21 @@ class GroupBuilder:
         return new
 
 
+#: the meta key that marks a copied node which must stay even if nothing reads it (see :func:`_may_have_effects`)
+MAY_HAVE_EFFECTS = "rel_may_have_effects"
+
+
+def _may_have_effects(node: fx.Node) -> bool:
+    """Whether ``node``, run alone, may do more than compute its value: a call outside the op catalog (other
+    than a factory) may set state that other nodes depend on, as ``torch.func.grad``'s
+    ``_set_tensor_requires_grad`` does, and a random op advances the generator, which later draws see.
+    Such nodes stay even when nothing reads them (fx counts neither as impure)."""
+    if draws_random_numbers(node):
+        return True
+    return node.op in ("call_function", "call_method", "call_module") and REGISTRY.family_of(node) is None \
+        and not is_factory(node)
+
+
 def _unique_members(ops):
     """Members with distinct (operands, consts); duplicates compute the same value, except dropouts in
     training (the ``group_dropout`` option), which draw a mask each."""
@@ -317,7 +333,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 for node in group.nodes:
                     ctx.leave_ungrouped(node, f"{ops[0].family.name} group of this layout is not vectorized")
         for node in group.nodes:
-            b.copy(node)
+            new = b.copy(node)
+            if ops is None and _may_have_effects(node):
+                new.meta[MAY_HAVE_EFFECTS] = True
     for node in gm.graph.nodes:
         if node.op == "output":
             b.copy(node)

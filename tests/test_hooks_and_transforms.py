@@ -187,3 +187,25 @@ def test_torch_func_transforms_of_a_fast_compiled_model_equal_eager(options):
     torch.testing.assert_close(torch.func.jvp(compiled, (x,), (tangent,)), torch.func.jvp(model, (x,), (tangent,)),
                                **EXACT)
     torch.testing.assert_close(compiled(x), model(x), **EXACT)   # outside the transforms: the compiled code
+
+
+class InputGradients(nn.Module):
+    """Each neuron's output is the gradient of an energy with respect to its input row (torch.func.grad
+    inside forward): Dynamo records the transform's level changes and ``_set_tensor_requires_grad``,
+    whose result nothing reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
+
+    def forward(self, x):
+        energy = lambda row: torch.tanh(self.W @ row).pow(2).sum()   # noqa: E731
+        return torch.stack([torch.func.grad(energy)(x[v]) + x[v] for v in range(x.shape[0])])
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_torch_func_grad_inside_forward_matches_eager_through_dynamo(inductor):
+    """The transform's calls run in their order and none is dropped as dead code (``_set_tensor_requires_grad``
+    was: the gradients came back wrong)."""
+    torch.manual_seed(0)
+    assert_compiled_matches_eager(InputGradients(), torch.randn(5, 4, dtype=torch.float64), inductor=inductor)
