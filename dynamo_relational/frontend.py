@@ -434,6 +434,8 @@ class _Tracer(fx.Tracer):
         self.record_random_ops, self.record_factories = record_random_ops, record_factories
         #: the user line of the first write of a traced value into a tensor not traced (_writes_untraced_tensor)
         self.wrote_untraced: str | None = None
+        #: the structure of ``forward``'s result, whose leaves the graph's output lists
+        self.out_spec: pytree.TreeSpec | None = None
         self.nodes = 0
         self.model = model
         self.inputs = list(inputs)
@@ -715,14 +717,17 @@ class _Tracer(fx.Tracer):
         finally:
             torch._C._set_grad_enabled(grad)
 
-    def _checked_outputs(self, outputs: Any) -> Any:
-        """``forward``'s result, checked while its proxies (and so their values) are alive."""
-        for leaf in pytree.tree_leaves(outputs):
+    def _checked_outputs(self, outputs: Any) -> tuple:
+        """``forward``'s result as a flat tuple of its leaves, checked while its proxies (and so their values)
+        are alive; its structure goes to :attr:`out_spec`. (Flattened here, fx never sees the containers: it
+        would make its own immutable lists and dicts of them, and a node constructing each namedtuple.)"""
+        leaves, self.out_spec = pytree.tree_flatten(outputs)
+        for leaf in leaves:
             if isinstance(leaf, _ValueProxy) and not isinstance(leaf.value, torch.Tensor):
                 raise FrontendError(f"{type(self.model).__name__}.forward returns {leaf.node.name} (a "
                                     f"{type(leaf.value).__name__}); outputs must be tensors, "
                                     "or tuples, lists and dicts of tensors and Python constants")
-        return outputs
+        return tuple(leaves)
 
     def _stack_trace(self) -> str:
         """The innermost user frame, in Dynamo's ``stack_trace`` format (what the code-site hint reads)."""
@@ -1009,6 +1014,14 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                     "(a plain tensor attribute, or one made outside forward): dynamo_relational.compile would "
                     "keep one such tensor for every call. Make it in forward (x.new_zeros(...)), register it as a "
                     "buffer, or use torch.compile(model, backend=\"relational\").")
+    stored = attributes.stored_proxy()
+    if stored is not None:
+        attributes.restore()
+        raise FrontendError(
+            f"{type(model).__name__}.forward stores a traced value in {stored}: dynamo_relational.compile records "
+            "tensor ops, not values kept in the model's lists and dicts (this one would be stored once, while "
+            "tracing, and not as a tensor). Return it as an output, or use torch.compile(model, "
+            "backend=\"relational\").")
     changed = attributes.changed(scalars=False)
     if changed is not None:
         attributes.restore()
@@ -1018,7 +1031,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
             "buffer and update it in place, or use torch.compile(model, backend=\"relational\").")
     progress.step()
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    leaves, out_spec = pytree.tree_flatten(output.args[0])
+    leaves, out_spec = list(output.args[0]), tracer.out_spec
     tensors = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
     constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, fx.Node)}
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
@@ -1057,6 +1070,7 @@ class _Attributes:
     def __init__(self, model: nn.Module):
         self.held = []   # (module, attribute name, key or _WHOLE, tensor, version) for tensors
         self.scalars = []   # (module, attribute name, value) for Python scalars
+        self.containers = []   # (module, attribute name, list or dict, a shallow copy of it)
         for module in model.modules():
             for name, value in vars(module).items():
                 if name in _MODULE_STATE:
@@ -1066,6 +1080,8 @@ class _Attributes:
                 elif isinstance(value, torch.Tensor):
                     self.held.append((module, name, _WHOLE, value, _version(value)))
                 elif isinstance(value, (list, tuple, dict)):
+                    if isinstance(value, (list, dict)):
+                        self.containers.append((module, name, value, value.copy()))
                     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
                         if isinstance(item, torch.Tensor):
                             self.held.append((module, name, key, item, _version(item)))
@@ -1088,8 +1104,25 @@ class _Attributes:
                 return f"{type(module).__name__}.{name}", f"changed from {held!r} to {value!r}"
         return None
 
+    def stored_proxy(self) -> str | None:
+        """The first list or dict attribute (as ``"Model.history"``) that now holds a traced value (one level
+        deep): ``forward`` appended one to it, or stored one in it, while tracing."""
+        for module, name, container, _ in self.containers:
+            items = container.values() if isinstance(container, dict) else container
+            if any(isinstance(item, fx.Proxy) or (type(item) in (list, tuple, dict) and any(
+                    isinstance(i, fx.Proxy) for i in (item.values() if type(item) is dict else item))) for item in items):
+                return f"{type(module).__name__}.{name}"
+        return None
+
     def restore(self) -> None:
-        """Put the held tensors back where they were replaced (changes made in place stay)."""
+        """Put back the lists and dicts as they were, and the held tensors where they were replaced (changes
+        made in place stay)."""
+        for _, _, container, saved in self.containers:
+            if isinstance(container, list):
+                container[:] = saved
+            else:
+                container.clear()
+                container.update(saved)
         for module, name, key, tensor, _ in self.held:
             if key is _WHOLE:
                 vars(module)[name] = tensor

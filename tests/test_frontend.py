@@ -1,4 +1,6 @@
 """``dynamo_relational.compile``, the fast front-end: eager's numbers and gradients, clear errors."""
+import collections
+
 import numpy as np
 import pytest
 import torch
@@ -112,6 +114,33 @@ def test_python_idioms_and_tuple_output(inductor):
     torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
     assert not any(name.startswith("_tensor_constant") for name in vars(model)), "the model was modified"
     assert [n for n, _ in model.named_buffers()] == ["scale"]
+
+
+Pair = collections.namedtuple("Pair", "total parts")
+
+
+class NestedOutputs(nn.Module):
+    """Returns a dict holding a tensor, a namedtuple and a list with a Python constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        h = torch.stack([torch.tanh(self.lin(x[v])) for v in range(x.shape[0])])
+        return {"h": h, "pair": Pair(h.sum(), [h.mean(0), 3])}
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_nested_outputs_come_back_as_forward_built_them(inductor):
+    """A namedtuple in the output failed through Inductor (fx made it a node of the graph), and dicts and
+    lists came back as fx's immutable ones."""
+    torch.manual_seed(0)
+    model, x = NestedOutputs(), torch.randn(5, 4, dtype=torch.float64)
+    got, want = dynamo_relational.compile(model, x, strict=True, inductor=inductor)(x), model(x)
+    assert type(got) is dict and type(got["pair"]) is Pair and type(got["pair"].parts) is list
+    assert got["pair"].parts[1] == 3
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
 
 
 class NumpyStructure(nn.Module):
@@ -362,6 +391,28 @@ def test_forward_changing_a_tensor_attribute_is_a_clear_error(style):
     with pytest.raises(FrontendError, match=r"Counting.forward changes Counting.calls \((replaced|changed in place)"):
         dynamo_relational.compile(model, torch.randn(3, 2), inductor=False)
     assert model.calls is before
+
+
+@pytest.mark.parametrize("container", ["list", "dict"])
+def test_forward_keeping_a_traced_value_in_a_list_or_dict_attribute_is_a_clear_error(container):
+    """The trace would keep a proxy in the model, once: refused, and the list or dict is put back."""
+    class Keeping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.history, self.stats = [1], {"calls": 0}
+
+        def forward(self, x):
+            h = torch.stack([row * 2 for row in x])
+            if container == "list":
+                self.history.append(h.detach())
+            else:
+                self.stats["mean"] = h.mean()
+            return h
+
+    model = Keeping()
+    with pytest.raises(FrontendError, match=r"Keeping.forward stores a traced value in Keeping.(history|stats)"):
+        dynamo_relational.compile(model, torch.randn(3, 2), inductor=False)
+    assert model.history == [1] and model.stats == {"calls": 0}
 
 
 def test_training_through_inductor_matches_eager():
