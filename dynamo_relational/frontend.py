@@ -70,7 +70,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Sequence
 
 import numpy
@@ -725,8 +725,14 @@ class _Tracer(fx.Tracer):
         for leaf in leaves:
             if isinstance(leaf, _ValueProxy) and not isinstance(leaf.value, torch.Tensor):
                 raise FrontendError(f"{type(self.model).__name__}.forward returns {leaf.node.name} (a "
-                                    f"{type(leaf.value).__name__}); outputs must be tensors, "
-                                    "or tuples, lists and dicts of tensors and Python constants")
+                                    f"{type(leaf.value).__name__}); outputs must be tensors, or tuples, "
+                                    "namedtuples, lists and dicts of tensors and Python constants")
+            if is_dataclass(leaf) and any(isinstance(getattr(leaf, f.name, None), fx.Proxy) for f in fields(leaf)):
+                raise FrontendError(
+                    f"{type(self.model).__name__}.forward returns a {type(leaf).__name__} holding tensors, a "
+                    "dataclass that torch.utils._pytree does not know: register it "
+                    f"(torch.utils._pytree.register_dataclass({type(leaf).__name__})), or return a tuple, "
+                    "namedtuple or dict")
         return tuple(leaves)
 
     def _stack_trace(self) -> str:
