@@ -63,6 +63,7 @@ import contextlib
 import functools
 import gc
 import inspect
+import itertools
 import linecache
 import logging
 import operator
@@ -1077,6 +1078,9 @@ class _Attributes:
         self.held = []   # (module, attribute name, key or _WHOLE, tensor, version) for tensors
         self.scalars = []   # (module, attribute name, value) for Python scalars
         self.containers = []   # (module, attribute name, list or dict, a shallow copy of it)
+        # The graph reads parameters and buffers live, so aliases of them (``self.weights = [self.lin.weight]``)
+        # are not held: an optimizer step bumps their versions and must not trace again.
+        registered = {id(t) for t in itertools.chain(model.parameters(), model.buffers())}
         for module in model.modules():
             for name, value in vars(module).items():
                 if name in _MODULE_STATE:
@@ -1084,12 +1088,13 @@ class _Attributes:
                 if type(value) in _SCALARS:
                     self.scalars.append((module, name, value))
                 elif isinstance(value, torch.Tensor):
-                    self.held.append((module, name, _WHOLE, value, _version(value)))
+                    if id(value) not in registered:
+                        self.held.append((module, name, _WHOLE, value, _version(value)))
                 elif isinstance(value, (list, tuple, dict)):
                     if isinstance(value, (list, dict)):
                         self.containers.append((module, name, value, value.copy()))
                     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
-                        if isinstance(item, torch.Tensor):
+                        if isinstance(item, torch.Tensor) and id(item) not in registered:
                             self.held.append((module, name, key, item, _version(item)))
 
     def changed(self, scalars: bool = True) -> tuple[str, str] | None:

@@ -1,5 +1,6 @@
 """``dynamo_relational.compile``, the fast front-end: eager's numbers and gradients, clear errors."""
 import collections
+import copy
 import dataclasses
 
 import numpy as np
@@ -388,6 +389,35 @@ def test_changed_attributes_are_traced_again(change):
     traced = compiled._current()
     compiled(x)
     assert compiled._current() is traced   # unchanged since: the next call reuses the graph
+
+
+def test_a_list_aliasing_parameters_does_not_trace_again_after_optimizer_steps():
+    """Parameters are read live by the graph; a plain list holding them (``self.weights = [lin.weight, ...]``)
+    is not Python data to freeze, so the version bump of each optimizer step must not trace again."""
+    class Aliased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, dtype=torch.float64)
+            self.weights = [self.lin.weight, self.lin.bias]
+
+        def forward(self, x):
+            weight, bias = self.weights
+            return torch.stack([torch.tanh(weight @ x[v] + bias).sum() for v in range(x.shape[0])])
+
+    torch.manual_seed(0)
+    model, x = Aliased(), torch.randn(4, 3, dtype=torch.float64)
+    reference = copy.deepcopy(model)
+    compiled = dynamo_relational.compile(model, x, inductor=False)
+    traced = compiled._current()
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, reference)]
+    for _ in range(3):
+        for m, optimizer in zip((compiled, reference), optimizers):
+            optimizer.zero_grad()
+            m(x).square().sum().backward()
+            optimizer.step()
+    torch.testing.assert_close(model.lin.weight, reference.lin.weight, **TOLERANCE[torch.float64])
+    torch.testing.assert_close(compiled(x), reference(x), **TOLERANCE[torch.float64])
+    assert compiled._current() is traced   # the graph traced once is still the one in use
 
 
 @pytest.mark.parametrize("style", ["replaced", "in_place"])
