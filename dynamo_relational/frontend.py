@@ -91,7 +91,7 @@ from .ops.base import value_info
 from .options import Options
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress, compile_progress
 from .report import GraphReport, Report
-from .schemas import compile_grouped
+from .schemas import autocast_state, compile_grouped
 from .trial_runs import cuda_devices
 
 log = logging.getLogger("dynamo_relational")
@@ -460,6 +460,8 @@ class _Tracer(fx.Tracer):
         self._values: dict[fx.Node, list] = {}
         #: the grad mode of the last recorded call (tracing starts with gradients on)
         self._grad_enabled = True
+        #: the autocast regions around the trace: their casts are applied when compiling, as Dynamo does
+        self._autocast = autocast_state()
 
     def trace(self, root, concrete_args=None) -> fx.Graph:
         self._stop = sys._getframe()
@@ -632,7 +634,8 @@ class _Tracer(fx.Tracer):
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
         if kind == "get_attr" and target in self._attr_nodes:
             return self._attr_nodes[target]
-        if kind in _CALLS_AND_OUTPUT and (_is_grad_enabled() is not self._grad_enabled or _is_autocast_enabled()):
+        if kind in _CALLS_AND_OUTPUT and (_is_grad_enabled() is not self._grad_enabled or (
+                _is_autocast_enabled() if self._autocast is None else autocast_state() != self._autocast)):
             self._record_modes()
         if name is None and kind in ("call_function", "call_method"):
             name = self._node_name(target)
@@ -670,13 +673,13 @@ class _Tracer(fx.Tracer):
     def _record_modes(self) -> None:
         """Record where user code switched gradients on or off (``with torch.no_grad():``) as Dynamo
         does, ``torch._C._set_grad_enabled(mode)`` where the mode changes (the ``mode_regions`` pass
-        reads them); refuse autocast, which this tracer cannot record. (``create_node`` calls it only
-        where either changed.)"""
+        reads them); refuse autocast entered or left in ``forward``, which this tracer cannot record.
+        (``create_node`` calls it only where either may have changed.)"""
         grad = torch.is_grad_enabled()
         if grad is not self._grad_enabled:
             fx.Tracer.create_node(self, "call_function", torch._C._set_grad_enabled, (grad,), {})
             self._grad_enabled = grad
-        if torch._C._is_any_autocast_enabled():
+        if autocast_state() != self._autocast:
             raise FrontendError(f"autocast at {_user_line(_frames(self._stop))}\ndynamo_relational.compile does not "
                                 "record autocast: cast explicitly (x.to(torch.bfloat16)), or use "
                                 "torch.compile(model, backend=\"relational\").")
@@ -848,12 +851,13 @@ class RelationalModule(nn.Module):
         """What a traced graph depends on besides the inputs: each module's train/eval flag; the module
         hooks (by handle id, so registering or removing one changes it), which tracing ran; and the
         modules, parameters and buffers themselves (by identity), which the graph calls and reads
-        (``m.weight = nn.Parameter(...)`` or ``load_state_dict(..., assign=True)`` replace them)."""
+        (``m.weight = nn.Parameter(...)`` or ``load_state_dict(..., assign=True)`` replace them); and the
+        autocast regions around the call (traced and compiled in them, the graph has their dtypes)."""
         modules = list(self.model.modules())
         hooks = [h for m in modules for h in _module_hooks(m)] + list(_global_hooks())
         ids = tuple(tuple(h) for h in hooks) if any(hooks) else None   # rarely any: tuples only then
         objects = [id(x) for m in modules for x in (m, *m._parameters.values(), *m._buffers.values())]
-        return tuple([m.training for m in modules]), ids, tuple(objects)
+        return tuple([m.training for m in modules]), ids, tuple(objects), autocast_state()
 
     def _run_eagerly_under_torch_func(self, args: Sequence[torch.Tensor]) -> Any:
         """Inside ``torch.func.grad``, ``vmap``, ``jvp`` and the like, run the model itself. The compiled
@@ -893,8 +897,8 @@ class RelationalModule(nn.Module):
             traced = None
         if traced is None:
             if self._traced:
-                log.warning("relational: %s switched train/eval mode, or its module hooks, modules, parameters or "
-                            "buffers changed; tracing and compiling it again", type(self.model).__name__)
+                log.warning("relational: %s switched train/eval mode or autocast, or its module hooks, modules, "
+                            "parameters or buffers changed; tracing and compiling it again", type(self.model).__name__)
                 # graphs of modules, parameters or buffers the model no longer has would only keep them alive
                 for stale in [key for key in self._traced if key[2] != state[2]]:
                     del self._traced[stale]

@@ -171,6 +171,17 @@ class SchemaCache:
 
 SCHEMAS = SchemaCache()
 
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "mtia")
+
+
+def autocast_state() -> tuple[tuple[str, torch.dtype], ...] | None:
+    """The autocast regions around the current call, as (device type, dtype) pairs; None outside any.
+    Compiled code bakes in the casts of the regions it was compiled in (Dynamo guards on them)."""
+    if not torch._C._is_any_autocast_enabled():
+        return None
+    return tuple((device, torch.get_autocast_dtype(device)) for device in _AUTOCAST_DEVICES
+                 if torch.is_autocast_enabled(device))
+
 
 def _inductor_with_tags(recompute: Sequence[tuple[Any, int, Any]], mode: str | None) -> Callable:
     """Inductor (in ``mode``) as a Dynamo backend, on the graph with its recompute tags restored."""
@@ -192,8 +203,10 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
     As Dynamo's automatic dynamic shapes do: the first grounding of a schema
     gets Inductor's ``compile_fx`` for its own sizes (static code compiles
     fastest); the second compiles code with dynamic sizes, which it and every
-    later grounding share. ``options.reuse_compiled=False`` always compiles static code."""
-    lifted = lift(gm) if options.reuse_compiled else None
+    later grounding share. ``options.reuse_compiled=False`` always compiles static code, and so do calls
+    in autocast regions: Inductor's CPU code generation for bfloat16 kernels with dynamic sizes did not
+    finish in 5 minutes (index simplification in sympy) on the 4-molecule GCN's backward."""
+    lifted = lift(gm) if options.reuse_compiled and autocast_state() is None else None
     if lifted is None:
         return compile_static(gm, inputs, options, report, grad), False
     key = (lifted.key, grad, options.mode)   # the executor is autotuned per autograd need

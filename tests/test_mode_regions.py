@@ -1,13 +1,15 @@
 """``with`` blocks that switch a global mode inside ``forward`` (passes/mode_regions.py): ``no_grad``
 blocks are grouped and give eager's gradients; autocast keeps the graph in order (Dynamo) or is a
-clear error (fast front-end)."""
+clear error (fast front-end). Autocast around the call is compiled in, as eager applies it."""
+import contextlib
+
 import pytest
 import torch
 from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import assert_as_close_to_float64_as_eager, assert_compiled_matches_eager
+from tests.conftest import TOLERANCE, assert_as_close_to_float64_as_eager, assert_compiled_matches_eager
 from tests.test_frontend import assert_fast_compile_matches_eager
 
 NEIGHBORS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4]]
@@ -155,8 +157,11 @@ def test_autocast_blocks_through_the_backend_keep_the_order(inductor):
     assert any("mode switch _enter_autocast" in reason for reason in reasons), reasons
 
 
-def test_autocast_in_the_fast_front_end_is_a_clear_error_naming_the_line():
-    with pytest.raises(FrontendError, match=r"autocast at .*test_mode_regions.py:\d+ in .*# AUTOCAST"):
+@pytest.mark.parametrize("outer", [None, torch.float16])
+def test_autocast_in_the_fast_front_end_is_a_clear_error_naming_the_line(outer):
+    """Entered inside ``forward``, with no autocast around the compile or another one."""
+    around = contextlib.nullcontext() if outer is None else torch.autocast("cpu", dtype=outer)
+    with around, pytest.raises(FrontendError, match=r"autocast at .*test_mode_regions.py:\d+ in .*# AUTOCAST"):
         dynamo_relational.compile(AutocastInside(), torch.randn(len(NEIGHBORS), 4), inductor=False)
 
 
@@ -199,3 +204,42 @@ def test_autocast_around_the_backend_call_is_as_accurate_as_eager(inductor):
     compiled = torch.compile(model, backend="relational", options={"inductor": inductor})
     assert_as_close_to_float64_as_eager(compiled, model, exact, batch.x.float(), batch.x,
                                         under=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+
+
+class SummedMessages(nn.Module):
+    """Each neuron's linear layer reads a sum of messages: grouped, its bias is added after the
+    aggregation (``fold_bias``), an addition that autocast leaves in float32 unless traced in autocast."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        self.message = nn.Linear(4, 4, dtype=dtype)
+        self.out = nn.Linear(4, 2, dtype=dtype)
+
+    def forward(self, x):
+        h = [torch.relu(self.message(x[v])) for v in range(x.shape[0])]
+        return torch.stack([self.out(sum(h[u] for u in nbrs)) for nbrs in NEIGHBORS])
+
+
+@pytest.mark.parametrize("compiled_in", ["float32", "autocast"])
+@pytest.mark.parametrize("inductor", [False, True])
+def test_autocast_around_the_fast_front_end_call_is_applied_as_in_eager(inductor, compiled_in):
+    """The fast front-end traces and compiles per autocast state around the call (Dynamo guards on it):
+    compiled outside autocast and called in it, the model runs in bfloat16 where eager does (the float32
+    graph used to run, returning float32), as close to the float64 model as eager; outside, in float32."""
+    torch.manual_seed(0)
+    exact = SummedMessages(torch.float64)
+    model = SummedMessages()
+    model.load_state_dict(exact.state_dict())
+    x64 = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64)
+    x = x64.float()
+
+    def bfloat16():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    with bfloat16() if compiled_in == "autocast" else contextlib.nullcontext():
+        compiled = dynamo_relational.compile(model, x, inductor=inductor)
+    torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.float32])
+    with bfloat16():
+        assert compiled(x).dtype == model(x).dtype == torch.bfloat16
+    assert_as_close_to_float64_as_eager(compiled, model, exact, x, x64, under=bfloat16)
+    torch.testing.assert_close(compiled(x), model(x), **TOLERANCE[torch.float32])
