@@ -247,6 +247,8 @@ _IN_PLACE_OPERATORS = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__
                        "__imod__": operator.imod, "__ipow__": operator.ipow, "__imatmul__": operator.imatmul,
                        "__iand__": operator.iand, "__ior__": operator.ior, "__ixor__": operator.ixor,
                        "__ilshift__": operator.ilshift, "__irshift__": operator.irshift}
+#: the augmented assignments that write a tensor in place (``@=`` makes a new tensor)
+_IN_PLACE_TARGETS = frozenset(target for name, target in _IN_PLACE_OPERATORS.items() if name != "__imatmul__")
 _PLAIN_TYPES = frozenset([int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                           torch.memory_format])
 
@@ -519,12 +521,14 @@ class _Tracer(fx.Tracer):
         tracer = self
 
         def __setattr__(module, name, value):
+            if tracer._updated_in_place(module, name, value):
+                return   # ``self.steps += 1`` on a buffer: the recorded ``iadd`` wrote it; eager stores it again
             if _has_proxy((value,), {}):
                 raise FrontendError(
                     f"{type(module).__name__}.{name} is assigned a traced tensor at {_user_line(_frames(tracer._stop))}"
                     "\ndynamo_relational.compile records tensor ops, not assignments to the model's attributes "
-                    f"(this one would happen once, while tracing). Update a buffer in place (self.{name}.copy_(...), "
-                    f"self.{name}.add_(1)), or use torch.compile(model, backend=\"relational\").")
+                    f"(this one would happen once, while tracing). Update a buffer in place (self.{name} += 1, "
+                    f"self.{name}.copy_(...)), or use torch.compile(model, backend=\"relational\").")
             original(module, name, value)
 
         nn.Module.__setattr__ = __setattr__
@@ -532,6 +536,16 @@ class _Tracer(fx.Tracer):
             yield
         finally:
             nn.Module.__setattr__ = original
+
+    def _updated_in_place(self, module: nn.Module, name: str, value: Any) -> bool:
+        """Whether ``value`` is the result of an augmented assignment (``+=``) to buffer ``module.name``."""
+        node = value.node if isinstance(value, fx.Proxy) else None
+        if node is None or node.target not in _IN_PLACE_TARGETS or name not in module._buffers:
+            return False
+        buffer = node.args[0]
+        path = self.path_of_module(module)
+        return isinstance(buffer, fx.Node) and buffer.op == "get_attr" and \
+            buffer.target == (f"{path}.{name}" if path else name)
 
     @contextlib.contextmanager
     def _refusing_own_generators(self):

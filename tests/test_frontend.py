@@ -283,6 +283,44 @@ def test_assigning_a_traced_tensor_to_the_model_is_a_clear_error_that_changes_no
     torch.testing.assert_close(model(x), x)   # the model still runs, from its own state
 
 
+@pytest.mark.parametrize("inductor", [False, True])
+def test_augmented_assignment_to_a_buffer_updates_it_on_every_call_as_in_eager(inductor):
+    """``self.calls += 1`` on a buffer writes it in place (the assignment stores the same tensor again), in
+    the model and in its submodules; ``self.calls = self.calls + 1`` stays an error (above)."""
+    class Cell(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, dtype=torch.float64)
+            self.register_buffer("seen", torch.zeros(3, dtype=torch.float64))
+
+        def forward(self, h):
+            self.seen += h.detach().abs()
+            return torch.tanh(self.lin(h))
+
+    class Counting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.cell = Cell()
+            self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+        def forward(self, x):
+            self.calls += 1
+            h = [self.cell(x[v]) for v in range(x.shape[0])]
+            return torch.stack([h[v] + h[(v + 1) % len(h)] for v in range(len(h))]) * self.calls
+
+    torch.manual_seed(0)
+    model, x = Counting(), torch.randn(4, 3, dtype=torch.float64)
+    reference = copy.deepcopy(model)
+    compiled = dynamo_relational.compile(model, x, inductor=inductor)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), reference(x), **TOLERANCE[torch.float64])
+        torch.testing.assert_close(model.calls, reference.calls)
+        torch.testing.assert_close(model.cell.seen, reference.cell.seen, **TOLERANCE[torch.float64])
+    compiled(x).sum().backward()
+    reference(x).sum().backward()
+    torch.testing.assert_close(model.cell.lin.weight.grad, reference.cell.lin.weight.grad, **TOLERANCE[torch.float64])
+
+
 def test_calls_that_do_not_match_the_example_inputs_are_errors():
     torch.manual_seed(0)
     batch = graph_batch("mutagenesis", graphs=2)
