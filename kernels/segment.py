@@ -13,7 +13,8 @@ and Inductor, where it stays an opaque fallback kernel) and an autograd formula:
 * sum:  grad_data = grad_out[segment_ids]
 * mean: grad_data = (grad_out / counts)[segment_ids]
 * max / min: the gradient is split evenly between the rows that attain the
-  extreme, which is exactly what ``torch.amax`` / ``torch.amin`` do in eager.
+  extreme, which is exactly what ``torch.amax`` / ``torch.amin`` do in eager
+  (with eager's NaNs where the extreme is NaN).
 
 Providers. On CPU the forward kernel is chosen per call by the op's
 ``provider`` argument (:data:`SEGMENT_PROVIDERS`):
@@ -168,8 +169,10 @@ def _backward(ctx, grad_out: Tensor):
         segment_ids = segment_ids_from_offsets(offsets, ctx.rows)
         hits = data == output.index_select(0, segment_ids)
         ties = segment_reduce(hits.to(grad_out.dtype), offsets, "sum", ctx.provider)
+        # eager's formula, ``grad / ties * hits``: a NaN result (no row equals it: no ties) gives NaN to
+        # every row of its segment, as in eager, where zeroing the rows that miss would give 0
         share = (grad_out / ties).index_select(0, segment_ids)
-        return torch.where(hits, share, torch.zeros_like(share)), None, None, None
+        return share * hits, None, None, None
     (offsets,) = ctx.saved_tensors
     segment_ids = segment_ids_from_offsets(offsets, ctx.rows)
     if ctx.reduce == "mean":
