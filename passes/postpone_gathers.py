@@ -8,7 +8,12 @@ Rewrites ``f(gather(X, I))`` into ``gather(f(X), I)`` for a row-wise ``f``:
 
 Legal because a row-wise op computes row ``i`` of its output from row ``i`` of
 its input alone, so computing it on all rows of ``X`` and then reading rows
-``I`` gives the same rows. Pays when ``X`` has no more rows than ``I``
+``I`` gives the same rows. Where ``I`` leaves rows of ``X`` unread, ``f`` runs
+on rows that eager never gives it, and their gradient is 0 times ``f``'s
+derivative there: that adds 0 only where the derivative is finite. So the
+move then needs an op whose derivative is finite at every finite input
+(``relu``, ``tanh``, a product with a weight; not ``sqrt``, ``log``,
+``reciprocal`` or ``exp``, which overflows: ``0 * inf`` is NaN). Pays when ``X`` has no more rows than ``I``
 (messages per edge become values per node: |V| rows instead of |E|), or when
 every user of ``f`` is itself a gather, so that ``compose_gathers`` folds the
 moved gather into them and one gather disappears (allowed while ``X`` has at
@@ -26,6 +31,7 @@ import operator
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from dynamo_relational.ops import TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import _UNARY
@@ -37,6 +43,15 @@ from .linear_nodes import linear_args
 MAX_GROWTH = 2
 _MATMUL = {torch.matmul, operator.matmul, torch.mm}
 _UNARY_OPS = set(_UNARY) - {torch.clamp, torch.clip}  # clamp's bounds may be tensors
+#: the unary ops whose derivative is finite at every finite input (autograd's formula, evaluated there):
+#: on a row nothing reads, they pass exactly 0 back (see the module docstring)
+_FINITE_DERIVATIVE = {
+    torch.relu, F.relu, torch.sigmoid, F.sigmoid, torch.special.expit, torch.tanh, F.tanh, torch.neg, operator.neg,
+    torch.abs, torch.sin, torch.cos, torch.square, torch.erf, torch.erfc, torch.atan, torch.asinh, torch.sign,
+    torch.sgn, torch.floor, torch.ceil, torch.round, torch.trunc, torch.frac, torch.detach, torch.nan_to_num,
+    torch.clamp_min, torch.clamp_max, torch.isnan, torch.isinf, torch.isfinite, torch.deg2rad, torch.rad2deg,
+    F.leaky_relu, F.elu, F.gelu, F.silu, F.softplus, F.relu6, F.hardtanh, F.mish, F.selu, F.celu, F.logsigmoid,
+    F.hardsigmoid, F.hardswish, F.softsign, F.tanhshrink, F.threshold, torch.threshold, F.hardshrink, F.softshrink}
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -49,7 +64,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             if gather is None or gather.reduces or rows(gather.base) is None:
                 continue
             for user in list(node.users):
-                if _row_wise_in(user, node) and _pays(gm, gather, user):
+                if _movable(gather, user) and _pays(gm, gather, user):
                     _move_below(gm, gather, user)
                     moved += 1
                     changed = True
@@ -63,7 +78,7 @@ def sites(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
     for node in gm.graph.nodes:
         gather = as_gather(gm, node)
         if gather is not None and not gather.reduces and rows(gather.base) is not None:
-            found += [(node, user) for user in node.users if _row_wise_in(user, node)]
+            found += [(node, user) for user in node.users if _movable(gather, user)]
     return found
 
 
@@ -106,6 +121,16 @@ def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
     except TypeError:
         return False
     return unary and not any(isinstance(a, fx.Node) for a in rest)
+
+
+def _movable(gather, user: fx.Node) -> bool:
+    """``user`` is row-wise in the gather's rows and may run on every row of its base: the gather reads every
+    row, or ``user``'s derivative is finite everywhere (so the rows it does not read get exactly 0)."""
+    if not _row_wise_in(user, gather.node):
+        return False
+    if user.target in _MATMUL or linear_args(user) is not None or user.target in _FINITE_DERIVATIVE:
+        return True
+    return bool(torch.bincount(gather.index, minlength=rows(gather.base)).all())
 
 
 def _pays(gm: fx.GraphModule, gather, user: fx.Node) -> bool:

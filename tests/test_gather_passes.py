@@ -7,6 +7,7 @@ from torch import nn
 from examples.data import graph_batch
 from examples.gcn import ScalarGCN
 from tests.conftest import assert_compiled_matches_eager
+from tests.test_frontend import assert_fast_compile_matches_eager
 
 
 def _stat(report, name):
@@ -70,6 +71,40 @@ def test_no_row_wise_op_no_postponing():
     report = assert_compiled_matches_eager(PairwiseProducts(edges).double(), torch.randn(4, 5, dtype=torch.float64),
                                            inductor=False)
     assert _stat(report, "gathers_postponed") == 0
+
+
+class RootsOfSome(nn.Module):
+    """Neurons ``h_i = w_i * x_i - 1``; the grounding takes ``tanh(h_i)`` of all and ``f(h_i)`` of some of them
+    (where ``f`` is defined, for ``sqrt``), the two interleaved: ``f``'s group reads those rows of ``h``'s."""
+
+    def __init__(self, some, f):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 6, dtype=torch.float64))
+        self.some, self.f = some, f
+
+    def forward(self, x):
+        h = [self.w[i] * x[i] - 1 for i in range(6)]
+        out = []
+        for i in range(6):
+            out.append(torch.tanh(h[i]))
+            if i < len(self.some):
+                out.append(self.f(h[self.some[i]]))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_a_gather_stays_above_an_op_whose_gradient_is_nan_on_the_rows_it_does_not_read(front_end):
+    """Moved below the gather, ``sqrt`` would run on every row of ``h``, the negative ones too: their
+    gradient, 0 times sqrt's infinite derivative there, is NaN, and it reaches ``w`` and ``x``."""
+    x = torch.tensor([3.0, 0.5, 2.0, 0.2, 4.0, 0.1], dtype=torch.float64)
+    check = assert_compiled_matches_eager if front_end == "backend" else assert_fast_compile_matches_eager
+    result = check(RootsOfSome([0, 4, 2], torch.sqrt), x, inductor=False)
+    report = result if front_end == "backend" else result.report
+    assert _stat(report, "gathers_postponed") == 0
+    # Where the gather reads every row, or the op's derivative is finite everywhere, the move is made.
+    for some, f in (([5, 0, 4, 1, 3, 2], torch.sqrt), ([0, 4, 2], torch.relu)):
+        result = check(RootsOfSome(some, f), x + (1.5 if f is torch.sqrt else 0), inductor=False)
+        assert _stat(result if front_end == "backend" else result.report, "gathers_postponed") == 1
 
 
 def test_gcn_with_the_passes_through_inductor_matches_eager():
