@@ -5,7 +5,8 @@ rows per output row. Inductor has no loop of variable length, so this form
 pads every segment to the widest one: ``slots`` is a ``[rows, width]`` index
 (padding points at row 0) and ``weights`` a ``[rows, width]`` matrix of the
 entries' weights (1 for ``sum``, 1/segment size for ``mean``, 0 for padding).
-Then ``out = (source[slots] * weights[..., None]).sum(1)``: plain ATen ops that
+Then ``out = (source[slots] * weights[..., None]).sum(1)``, the padding
+selected away (``where``: an infinite row 0 times weight 0 would be NaN): plain ATen ops that
 Inductor lowers to one fused reduction, into which it can also fuse the
 elementwise op that produced ``source``.
 
@@ -49,4 +50,6 @@ def gather_reduce_padded(source: Tensor, slots: Tensor, weights: Tensor) -> Tens
     """``sum_j weights[r, j] * source[slots[r, j]]`` for every row ``r``: ``gather_reduce`` in ATen ops."""
     picked = source[slots]                          # [rows, width, *features]
     scale = weights.reshape(weights.shape + (1,) * (source.dim() - 1))
-    return (picked * scale).sum(1)
+    # Padding reads row 0 with weight 0; selected away rather than multiplied, since inf * 0 is NaN
+    # (and so would the padding's gradient be, for a NaN in row 0).
+    return torch.where(scale != 0, picked * scale, 0).sum(1)

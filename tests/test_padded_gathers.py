@@ -36,6 +36,25 @@ def test_padded_form_equals_gather_reduce(reduce, transpose):
     torch.testing.assert_close(grad_got, grad_want, **TOLERANCE[torch.float64])
 
 
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_padding_reads_an_infinite_or_nan_row_0_without_spreading_it(value):
+    """Padding slots read row 0 with weight 0: a row 0 of inf or NaN must not make the short segments
+    (which do not read it) NaN, in the forward or in the gradient of the other rows."""
+    counts = [1, 3, 0, 2]
+    csr = pack_csr(csr_offsets(counts), torch.tensor([2, 0, 1, 3, 1, 2]), 4)
+    source = torch.randn(4, 2, dtype=torch.float64)
+    source[0, 1] = value
+    source.requires_grad_()
+    slots, weights = ell_layout(csr, 4, 4, False, "sum")
+    got = gather_reduce_padded(source, slots, weights)
+    want = gather_reduce(source, csr, 4, "sum")
+    torch.testing.assert_close(got, want, equal_nan=True)
+    assert not got[[0, 2, 3]].isnan().any()
+    grad_got, = torch.autograd.grad(got[[0, 2, 3]].sum(), source)
+    grad_want, = torch.autograd.grad(want[[0, 2, 3]].sum(), source)
+    torch.testing.assert_close(grad_got, grad_want)
+
+
 def test_ell_layout_rejects_an_unknown_reduction():
     csr = pack_csr(csr_offsets([1]), torch.tensor([0]), 1)
     with pytest.raises(ValueError, match="reduce must be one of"):
