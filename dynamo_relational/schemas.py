@@ -23,6 +23,8 @@ import torch
 import torch.fx as fx
 
 from .backend import choose_executor, compile_static, inductor_mode, without_autograd_cache_if_tagged
+from .ops import REGISTRY
+from .ops.elementwise import ELEMENTWISE
 from .options import Options
 from .report import GraphReport
 from .trial_runs import leaving_no_trace
@@ -51,6 +53,13 @@ def _is_size(value: Any) -> bool:
     return type(value) is int and value not in (-1, 0, 1)
 
 
+def _takes_sizes(node: fx.Node) -> bool:
+    """Whether ``node``'s int arguments may be sizes. Those of elementwise ops are operands (``h ** 2``,
+    ``h // 3``), the same in every grounding: lifted, Inductor's backward of ``pow`` and ``floor_divide``
+    with a symbolic int operand fails ("NYI SymInt equality"), and the schema's shared code with it."""
+    return node.op in ("call_function", "call_method") and REGISTRY.family_of(node) is not ELEMENTWISE
+
+
 def lift(gm: fx.GraphModule) -> Lifted | None:
     """``gm`` with its tensor attributes and sizes as inputs; ``None`` if it calls submodules."""
     if any(node.op == "call_module" for node in gm.graph.nodes):
@@ -70,7 +79,7 @@ def lift(gm: fx.GraphModule) -> Lifted | None:
                 return None
             attrs[node.target] = len(values)
             values.append(value)
-        elif node.op in ("call_function", "call_method"):
+        elif _takes_sizes(node):
             fx.node.map_aggregate((node.args, node.kwargs), collect)
 
     graph = fx.Graph()
@@ -86,11 +95,14 @@ def lift(gm: fx.GraphModule) -> Lifted | None:
             return env[arg]
         return extra[next(sizes)] if _is_size(arg) else arg
 
+    def keep(arg: Any) -> Any:
+        return env[arg] if isinstance(arg, fx.Node) else arg
+
     for i, node in enumerate(gm.graph.nodes):
         if node.op == "get_attr":
             env[node] = extra[attrs[node.target]]
         elif node.op in ("call_function", "call_method"):
-            args, kwargs = fx.node.map_aggregate((node.args, node.kwargs), rename)
+            args, kwargs = fx.node.map_aggregate((node.args, node.kwargs), rename if _takes_sizes(node) else keep)
             env[node] = graph.create_node(node.op, node.target, args, kwargs, name=f"v{i}")
         elif node.op == "output":
             graph.output(fx.node.map_arg(node.args[0], env.__getitem__))

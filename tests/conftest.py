@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import pytest
 import torch
@@ -53,6 +54,20 @@ def assert_as_close_to_float64_as_eager(compiled, model: torch.nn.Module, exact:
         return max(((v - w).abs().max() / w.abs().max()).item() for v, w in zip(values, want))
 
     assert error(compiled) <= error(model)
+
+
+@contextlib.contextmanager
+def warnings_logged():
+    """The messages of the warnings logged by dynamo_relational inside the block."""
+    messages = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("dynamo_relational")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
 
 
 @pytest.fixture(autouse=True)

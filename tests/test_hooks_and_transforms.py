@@ -1,7 +1,5 @@
 """Module hooks, tensor hooks and torch.func transforms around compiled models: eager's numbers and
 gradients through both front-ends, or a clear error; never a hook silently dropped."""
-import contextlib
-import logging
 
 import pytest
 import torch
@@ -9,7 +7,7 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import TOLERANCE, assert_compiled_matches_eager
+from tests.conftest import TOLERANCE, assert_compiled_matches_eager, warnings_logged
 from tests.test_frontend import assert_fast_compile_matches_eager
 
 NBRS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4], [1]]
@@ -32,20 +30,6 @@ class TwoLayers(nn.Module):
 
     def forward(self, x):
         return self.second(self.first(x))
-
-
-@contextlib.contextmanager
-def _warnings_logged():
-    """The messages of the warnings logged by dynamo_relational inside the block."""
-    messages = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = lambda record: messages.append(record.getMessage())
-    logger = logging.getLogger("dynamo_relational")
-    logger.addHandler(handler)
-    try:
-        yield messages
-    finally:
-        logger.removeHandler(handler)
 
 
 def _x():
@@ -80,7 +64,7 @@ def test_fast_compile_sees_module_hooks_registered_after_compiling(hook):
     _assert_same(_outputs_and_gradients(compiled, model, x), _outputs_and_gradients(model, model, x))
     handle = HOOKS[hook](model)
     try:
-        with _warnings_logged() as warnings:
+        with warnings_logged() as warnings:
             _assert_same(_outputs_and_gradients(compiled, model, x), _outputs_and_gradients(model, model, x))
         assert any("buffers changed; tracing and compiling it again" in w for w in warnings)
     finally:
@@ -177,7 +161,7 @@ def test_torch_func_transforms_of_a_fast_compiled_model_equal_eager(options):
     torch.manual_seed(0)
     model, x = TwoLayers(), _x()
     compiled = dynamo_relational.compile(model, x, strict=True, **options)
-    with _warnings_logged() as warnings:
+    with warnings_logged() as warnings:
         grad = torch.func.grad(lambda inputs: compiled(inputs).pow(2).sum())(x)
     assert any("called inside a torch.func transform; running the model eagerly" in w for w in warnings)
     torch.testing.assert_close(grad, torch.func.grad(lambda inputs: model(inputs).pow(2).sum())(x), **EXACT)

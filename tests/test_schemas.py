@@ -7,6 +7,7 @@ import dynamo_relational
 from dynamo_relational.schemas import SCHEMAS, lift
 from examples.data import graph_batch
 from examples.gcn import ScalarGCN
+from tests.conftest import warnings_logged
 from tests.test_frontend import assert_fast_compile_matches_eager
 
 
@@ -42,6 +43,35 @@ def test_groundings_with_the_same_schema_share_code_from_the_second_on():
     assert ["inductor" in r.timings for r in reports] == [True, True, False]
     assert len(SCHEMAS) == 1
     assert reports[2].stats["executor"] == reports[1].stats["executor"]
+
+
+class SquaredMessages(nn.Module):
+    """``h_v = 2 x_v + sum over in-neighbours u of (W x_u) ** 2``: an int operand of an elementwise op."""
+
+    def __init__(self, edges, nodes):
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+        self.incoming = [[u for u, w in edges if w == v] for v in range(nodes)]
+
+    def forward(self, x):
+        return torch.stack([sum((self.lin(x[u]) ** 2 for u in us), x[v] * 2) for v, us in
+                            enumerate(self.incoming)])
+
+
+def test_int_operands_of_elementwise_ops_stay_literal_and_the_code_is_shared():
+    """``h ** 2`` keeps its int: lifted as a symbolic size, Inductor's backward of pow failed ("NYI
+    SymInt equality"), and the grounding fell back to static code with a warning (no sharing)."""
+    reports = []
+    for nodes in (5, 7, 6):
+        edges = [(u, (u * 3 + 1) % nodes) for u in range(nodes)] + [(u, (u + 2) % nodes) for u in range(nodes)]
+        torch.manual_seed(0)
+        model = SquaredMessages(edges, nodes)
+        with warnings_logged() as warnings:
+            compiled = assert_fast_compile_matches_eager(model, torch.randn(nodes, 3, dtype=torch.float64))
+        assert not warnings
+        reports.append(compiled.report.graphs[0])
+    assert ["inductor" in r.timings for r in reports] == [True, True, False]
+    assert "** 2" in lift(compiled.graph).key
 
 
 def test_another_schema_or_reuse_off_compiles_its_own_code():
