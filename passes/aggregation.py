@@ -11,6 +11,10 @@ itself, retargeted: it keeps its name, such as ``add_17``):
 Legal because only additions whose result has a single user (the next
 addition) are merged, so no intermediate partial sum is observed elsewhere,
 and because no broadcasting or type promotion happens in a merged addition.
+The merged sum reads its terms where the root stood: a graph that keeps its
+order (in-place ops or mode switches left in it, ``ctx.keep_order``) is left
+alone, since a term written in place or a mode switched between an inner
+addition and the root would change what the sum reads.
 Only floating-point values are aggregated: integer additions wrap around in
 their own dtype and ``+`` on bools is a logical or, which a sum vectorized
 as a reduction would not reproduce (a dense ``sum`` promotes integers to
@@ -107,6 +111,8 @@ def _stack_reduction(node: fx.Node):
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    if ctx.keep_order:
+        return gm
     graph = gm.graph
     additions = {node for node in _candidates(graph, _ADD) if _addends(node) is not None}
     reducers = set(_candidates(graph, _STACK_REDUCERS))

@@ -8,7 +8,9 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational import Options, OptionsError
+from dynamo_relational.ops.aggregate import aggregate
 from tests.conftest import assert_compiled_matches_eager
+from tests.test_frontend import report_matching_eager
 
 
 def test_backend_is_found_in_a_fresh_interpreter():
@@ -136,6 +138,35 @@ def test_other_in_place_ops_leave_the_graph_ungrouped_with_a_reason():
         want = model(x.clone())
     torch.testing.assert_close(got, want)
     assert any("in-place" in reason for reason in report.ungrouped)
+
+
+class SumAcrossAWrite(nn.Module):
+    """``s = a + b``, then ``a`` is written in place, then ``r = s + c``: one sum tree around a write.
+    ``t = a + 0`` (a sum of one term) is then written in place too: it is a new tensor, not ``a``."""
+
+    def forward(self, x):
+        a, b, c = x[0] * 1.5, x[1] * 2, x[2] * 3
+        s = a + b
+        a.add_(1)
+        r = s + c
+        t = a + 0
+        t.div_(2.0)
+        return torch.stack([r, a, t])
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("inductor", [False, True])
+def test_a_sum_is_not_merged_across_an_in_place_write_of_its_terms(front_end, inductor):
+    """Merged into one aggregate at the root, the sum read ``a`` after its write: ``r`` was off by 1,
+    and ``a + 0`` became ``a`` itself, so ``t.div_`` halved ``a``."""
+    report = report_matching_eager(front_end, SumAcrossAWrite(), torch.randn(3, 4, dtype=torch.float64),
+                                   inductor=inductor)
+    assert report.stats.get("aggregations", 0) == 0
+
+
+def test_an_aggregate_of_one_term_is_a_new_tensor():
+    term = torch.randn(3)
+    assert aggregate([term], "sum") is not term and aggregate([term], "sum").data_ptr() != term.data_ptr()
 
 
 def test_report_prints_a_table_and_graphs():

@@ -27,9 +27,10 @@ REDUCTIONS = ("sum", "mean", "amax", "amin")
 
 
 def aggregate(terms: list[torch.Tensor], reduce: str) -> torch.Tensor:
-    """n-ary reduction of same-shaped tensors (the eager meaning of an aggregate node)."""
+    """n-ary reduction of same-shaped tensors (the eager meaning of an aggregate node): a new tensor,
+    as the additions it replaces made (never its one term itself, which an output's user could write)."""
     if len(terms) == 1:
-        return terms[0]
+        return terms[0].clone()
     if reduce == "sum" and len(terms) == 2:
         return terms[0] + terms[1]
     return getattr(torch.stack(terms), reduce)(0)
