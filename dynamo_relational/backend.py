@@ -42,8 +42,10 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
                 progress: CompileProgress = NO_PROGRESS) -> tuple[fx.GraphModule, GraphReport]:
     """Run the grouping pipeline on a Dynamo graph; returns the grouped graph and its report."""
     from dynamo_relational.passes import OPTIONAL_PASSES, PIPELINE, PassContext
+    from dynamo_relational.passes.distinct_outputs import output_aliases
 
-    ctx = PassContext(options, detailed=detailed or options.dump_dir is not None)
+    ctx = PassContext(options, detailed=detailed or options.dump_dir is not None,
+                      output_aliases=output_aliases(gm.graph))
     dump = GraphDump(options.dump_dir) if options.dump_dir is not None else None
     nodes_before = len(gm.graph.nodes)
     before_code = gm.print_readable(print_output=False) if ctx.detailed else ""

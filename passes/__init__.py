@@ -1,12 +1,14 @@
 """Graph passes of the relational backend, in pipeline order.
 
 Each pass is one module with ``run(graph_module, ctx) -> graph_module``.
-The first ten build the vectorized graph; the rest optimize it and can be
-switched off one by one with ``options={"disable": ("name", ...)}``.
+The first ten build the vectorized graph; the optimizer passes after them
+(``OPTIONAL_PASSES``) can be switched off one by one with
+``options={"disable": ("name", ...)}``; ``cleanup`` and ``distinct_outputs`` always run.
 """
-from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, fold_bias, fuse_linear,
-               grouping, inplace, linear_layout, lstm_cells, mode_regions, padded_gathers, postpone_gathers,
-               recompute_gathers, rewrite_search, row_writes, simplify_gathers, split_views, values_indices, vectorize)
+from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, distinct_outputs,
+               fold_bias, fuse_linear, grouping, inplace, linear_layout, lstm_cells, mode_regions, padded_gathers,
+               postpone_gathers, recompute_gathers, rewrite_search, row_writes, simplify_gathers, split_views,
+               values_indices, vectorize)
 from .context import PassContext
 
 #: (name, pass) in the order the backend runs them
@@ -33,6 +35,7 @@ PIPELINE = (
     ("padded_gathers", padded_gathers.run),  # gather_reduce -> padded ATen form (option gather_reduce_form)
     ("cleanup", cleanup.run),        # dead code, reshape chains, lint
     ("recompute_gathers", recompute_gathers.run),  # edge-sized gathers: recompute in backward, not saved
+    ("distinct_outputs", distinct_outputs.run),  # outputs sharing memory that eager's did not -> clones
 )
 
 #: the optimizer passes that ``options["disable"]`` may name

@@ -30,6 +30,9 @@ class PassContext:
     #: schedule chosen by the grouping pass (list of groups)
     groups: list[Any] = field(default_factory=list)
     stats: dict[str, Any] = field(default_factory=dict)
+    #: what the outputs of the graph the pipeline started from share memory with
+    #: (``passes/distinct_outputs.py``); None: not recorded, the outputs are left as they are
+    output_aliases: Any = None
 
     def leave_ungrouped(self, node, reason: str) -> None:
         self.ungrouped[reason] += 1

@@ -1,0 +1,117 @@
+"""Outputs share memory with the inputs and with each other exactly where eager's do: writing into a
+returned tensor changes what it changes in eager, nothing more."""
+import operator
+
+import pytest
+import torch
+from torch import fx, nn
+
+import dynamo_relational
+from dynamo_relational.passes.distinct_outputs import output_aliases
+from tests.conftest import TOLERANCE
+
+
+def _compile(front_end, model, x, **options):
+    """The compiled callable and its graph's report; its outputs and gradients are checked against eager's."""
+    options.setdefault("strict", True)
+    if front_end == "backend":
+        report = dynamo_relational.explain(model, x, **options)
+        compiled, graph_report = report.compiled, report.graphs[0]
+    else:
+        compiled = dynamo_relational.compile(model, x, **options)
+        graph_report = compiled.report.graphs[0]
+    got, want = (fn(x.clone().requires_grad_()) for fn in (compiled, model))
+    got, want = [got] if torch.is_tensor(got) else list(got), [want] if torch.is_tensor(want) else list(want)
+    torch.testing.assert_close(got, want, **TOLERANCE[torch.float64])
+    weights = [torch.randn_like(w) for w in want]
+    wrt = list(model.parameters())
+    if wrt:
+        grads = [torch.autograd.grad(sum((o * w).sum() for o, w in zip(outs, weights)), wrt) for outs in (got, want)]
+        torch.testing.assert_close(*grads, **TOLERANCE[torch.float64])
+    return compiled, graph_report
+
+
+class StackedInputRows(nn.Module):
+    """``torch.stack`` of the input's rows: a new tensor in eager, ``x`` itself once grouped."""
+
+    def forward(self, x):
+        return torch.stack([x[i] for i in range(x.shape[0])])
+
+
+class EqualOutputs(nn.Module):
+    """Two equal stacks and two ``torch.zeros(3)``: CSE merges each pair into one tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64))
+
+    def forward(self, x):
+        a = torch.stack([x[i] * self.w for i in range(3)])
+        b = torch.stack([x[i] * self.w for i in range(3)])
+        return a, b, torch.zeros(3, dtype=x.dtype), torch.zeros(3, dtype=x.dtype)
+
+
+class EagersAliases(nn.Module):
+    """Outputs that share memory in eager too: a row of the input, and a tensor with its in-place result."""
+
+    def forward(self, x):
+        t = torch.stack([x[i] * 2 for i in range(3)])
+        return x[0], t, t.add_(1)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("inductor", [False, True])
+def test_writing_into_an_output_leaves_the_input_as_in_eager(front_end, inductor):
+    x = torch.randn(4, 3, dtype=torch.float64)
+    compiled, report = _compile(front_end, StackedInputRows(), x, inductor=inductor)
+    given = x.clone()
+    with torch.no_grad():
+        compiled(given).add_(1)
+    torch.testing.assert_close(given, x, rtol=0, atol=0)
+    assert report.stats["outputs_cloned"] == 1
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("inductor", [False, True])
+def test_equal_outputs_merged_by_cse_are_distinct_tensors(front_end, inductor):
+    x = torch.randn(3, 3, dtype=torch.float64)
+    compiled, report = _compile(front_end, EqualOutputs(), x, inductor=inductor)
+    with torch.no_grad():
+        a, b, zeros, more_zeros = compiled(x)
+        want = b.clone()
+        a.add_(1)
+        zeros.add_(1)
+    torch.testing.assert_close(b, want, rtol=0, atol=0)
+    assert not more_zeros.any()
+    # Dynamo records torch.zeros as calls; the fast front-end as graph constants, which are cloned too (one
+    # constant after CSE), so each call returns new zeros, as eager does.
+    assert report.stats["outputs_cloned"] == {"backend": 2, "fast": 3}[front_end]
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_outputs_sharing_memory_in_eager_still_do(front_end):
+    x = torch.randn(3, 4, dtype=torch.float64)
+    model = EagersAliases()
+    with torch.no_grad():
+        compiled, report = _compile(front_end, model, x, inductor=False)
+        given = x.clone()
+        row, t, t_again = compiled(given)
+        row.mul_(0)
+        t.add_(1)
+    assert not given[0].any()                        # the row is a view of the input, as in eager
+    torch.testing.assert_close(t_again, t, rtol=0, atol=0)   # the in-place result is t, as in eager
+    assert "outputs_cloned" not in report.stats
+
+
+def test_output_aliases_follow_views_casts_and_in_place_ops_to_inputs_and_other_outputs():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    row = graph.call_function(operator.getitem, (x, 0))
+    product = graph.call_function(torch.mul, (row, 2))
+    flat = graph.call_method("reshape", (product, -1))
+    written = graph.call_method("add_", (product, 1))
+    fresh = graph.call_function(torch.tanh, (row,))
+    graph.output((row, flat, written, fresh))
+    aliases = output_aliases(graph)
+    assert aliases.inputs == (frozenset({("input", "placeholder", "x")}), frozenset(), frozenset(), frozenset())
+    assert aliases.shared == (frozenset(), frozenset({2}), frozenset({1}), frozenset())
