@@ -1060,7 +1060,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     tensors = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
     constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, fx.Node)}
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
-    _copy_mutated_constants(graph, tracer.attrs)
+    _copy_mutated_constants(graph, tracer.attrs, {id(tensor) for _, _, _, tensor, _ in attributes.held})
     tracer.node_name_to_scope.clear()   # fx's record of module scopes, unused here
     for node in graph.nodes:   # the passes read shapes only: keep those and free the values early
         if node.op != "get_attr":   # (constants keep theirs: the passes compare them)
@@ -1179,21 +1179,27 @@ _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 _WHOLE = object()
 
 
-def _copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor]) -> None:
+def _copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor], held: set[int]) -> None:
     """A tensor made in ``forward`` from Python values alone (``acc = torch.zeros(8)``,
     ``out = torch.zeros(n, d)``) is traced as a constant of the graph; an in-place op on it or on a view
     of it (``acc += t``, ``out[v] = h``, ``out[v].copy_(h)``) would change that constant for every
-    later call. Eager makes a new tensor on every call, so every reader of such a constant reads one
-    fresh copy of it, made where the constant is read first. Tracing ran the ops on the constant's
+    later call, and so would the caller's write into an output that is (a view of) it (unless the model
+    holds it as a plain attribute, ``held`` by id: eager returns the attribute itself). Eager makes a new
+    tensor on every call, so every reader of such a constant reads one fresh copy of it, made where the
+    constant is read first. Tracing ran the ops on the constant's
     traced value, so the value is reset to the constant's (the passes recognize a zero accumulator by it)."""
     from dynamo_relational.passes.inplace import is_in_place
 
+    written = [node.args[0] for node in graph.nodes
+               if is_in_place(node) and node.args and isinstance(node.args[0], fx.Node)]
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
     mutated: dict[fx.Node, None] = {}
-    for node in graph.nodes:
-        if is_in_place(node) and node.args and isinstance(node.args[0], fx.Node):
-            base = _viewed_base(node.args[0])
-            if base.op == "get_attr" and base.target.startswith("_tensor_constant"):
-                mutated[base] = None
+    for value, by_caller in [(v, False) for v in written] + [(v, True) for v in output.all_input_nodes]:
+        base = _viewed_base(value)
+        # The caller may write into an output, unless it is a tensor the model holds: eager returns that itself.
+        if base.op == "get_attr" and base.target.startswith("_tensor_constant") and not (
+                by_caller and id(attrs[base.target]) in held):
+            mutated[base] = None
     for constant in mutated:
         with graph.inserting_after(constant):
             fresh = graph.call_function(torch.clone, (constant,))
@@ -1202,22 +1208,11 @@ def _copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor]) -> 
         constant.meta["example_value"] = attrs[constant.target].detach().clone()
 
 
-#: ops whose result may be a view of their first operand (or that operand itself): writing into the
-#: result writes into the operand
-_VIEW_OPS = frozenset(("getitem", "__getitem__", "view", "view_as", "reshape", "reshape_as", "narrow", "select",
-                       "squeeze", "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute", "movedim",
-                       "expand", "expand_as", "flatten", "unflatten", "unbind", "split", "chunk", "tensor_split",
-                       "as_strided", "detach", "diagonal", "unfold", "contiguous", "to", "type", "type_as", "float",
-                       "double", "half", "bfloat16", "real", "imag", "view_as_real", "view_as_complex", "getattr",
-                       "alias"))
-
-
 def _viewed_base(node: fx.Node) -> fx.Node:
     """The node whose memory ``node`` may share: followed back through view ops to their first operand."""
-    while node.op in ("call_function", "call_method") and node.args and isinstance(node.args[0], fx.Node):
-        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-        if name not in _VIEW_OPS:
-            break
+    from dynamo_relational.passes.distinct_outputs import may_alias
+
+    while may_alias(node) and node.args and isinstance(node.args[0], fx.Node):
         node = node.args[0]
     return node
 

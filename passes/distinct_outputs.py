@@ -18,28 +18,21 @@ copy of the cloned outputs only; most graphs have one fresh output and get none.
 """
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
-import torch
 import torch.fx as fx
 
 from .context import PassContext
 from .inplace import is_in_place
 
-#: methods that may return a view of their receiver, or the receiver itself
-_ALIASING_METHODS = frozenset((
-    "view", "view_as", "reshape", "reshape_as", "expand", "expand_as", "squeeze", "unsqueeze", "t", "transpose",
-    "permute", "narrow", "select", "flatten", "unflatten", "contiguous", "detach", "to", "type", "type_as", "float",
-    "double", "half", "bfloat16", "int", "long", "bool", "cpu", "cuda", "movedim", "moveaxis", "swapaxes",
-    "swapdims", "split", "chunk", "unbind", "tensor_split", "diagonal", "as_strided", "unfold", "real", "imag",
-    "requires_grad_", "__getitem__", "align_as", "refine_names", "rename", "values", "indices"))
-_ALIASING_FUNCTIONS = frozenset((
-    operator.getitem, getattr, torch.reshape, torch.squeeze, torch.unsqueeze, torch.t, torch.transpose,
-    torch.permute, torch.narrow, torch.select, torch.flatten, torch.unflatten, torch.movedim, torch.moveaxis,
-    torch.swapaxes, torch.swapdims, torch.split, torch.chunk, torch.unbind, torch.tensor_split, torch.diagonal,
-    torch.as_strided, torch.detach, torch.real, torch.imag, torch.view_as_real, torch.view_as_complex,
-    torch.nn.functional.dropout, torch.dropout))
+#: ops (function ``__name__`` or method name) whose result may be a view of an operand, or the operand itself
+VIEW_OPS = frozenset((
+    "getitem", "__getitem__", "getattr", "view", "view_as", "reshape", "reshape_as", "narrow", "select", "squeeze",
+    "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis", "expand", "expand_as",
+    "flatten", "unflatten", "unbind", "split", "chunk", "tensor_split", "as_strided", "detach", "diagonal", "unfold",
+    "contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool", "cpu",
+    "cuda", "real", "imag", "view_as_real", "view_as_complex", "alias", "requires_grad_", "values", "indices",
+    "dropout"))   # dropout outside training returns its input
 
 
 @dataclass(frozen=True)
@@ -50,18 +43,13 @@ class OutputAliases:
     shared: tuple[frozenset, ...]
 
 
-def _may_alias(node: fx.Node) -> bool:
-    """Whether ``node`` may return (a view of) one of its tensor arguments instead of a new tensor."""
+def may_alias(node: fx.Node) -> bool:
+    """Whether ``node`` may return (a view of) one of its tensor operands instead of a new tensor."""
     if node.op == "call_module" or is_in_place(node):   # an in-place op returns its receiver
         return True
     if node.op == "call_method":
-        return node.target in _ALIASING_METHODS
-    if node.op != "call_function":
-        return False
-    try:
-        return node.target in _ALIASING_FUNCTIONS
-    except TypeError:   # unhashable target
-        return True
+        return node.target in VIEW_OPS
+    return node.op == "call_function" and getattr(node.target, "__name__", None) in VIEW_OPS
 
 
 def _roots(value, memo: dict) -> frozenset:
@@ -76,7 +64,7 @@ def _roots(value, memo: dict) -> frozenset:
             stack.pop()
         elif node.op in ("placeholder", "get_attr"):
             memo[node] = frozenset({("input", node.op, node.target)})
-        elif not _may_alias(node):
+        elif not may_alias(node):
             memo[node] = frozenset({node})
         else:
             pending = [a for a in node.all_input_nodes if a not in memo]
