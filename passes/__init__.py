@@ -33,9 +33,9 @@ PIPELINE = (
     ("fold_bias", fold_bias.run),    # add(linear(x, W), b) -> linear(x, W, b)
     ("linear_layout", linear_layout.run),  # tall, narrow linear -> (W x^T)^T where measured faster
     ("padded_gathers", padded_gathers.run),  # gather_reduce -> padded ATen form (option gather_reduce_form)
+    ("distinct_outputs", distinct_outputs.run),  # outputs share memory as eager's: views of inputs, clones
     ("cleanup", cleanup.run),        # dead code, reshape chains, lint
     ("recompute_gathers", recompute_gathers.run),  # edge-sized gathers: recompute in backward, not saved
-    ("distinct_outputs", distinct_outputs.run),  # outputs sharing memory that eager's did not -> clones
 )
 
 #: the optimizer passes that ``options["disable"]`` may name

@@ -1,26 +1,37 @@
-"""Outputs alias each other and the inputs no more than eager's do.
+"""Outputs share memory with the inputs and with each other as eager's do.
 
-Grouping can make an output share memory where eager's did not: CSE merges
-two equal outputs (``torch.zeros(3)`` returned twice) into one tensor, and a
+Grouping changes which tensors hold an output: CSE merges two equal outputs
+(two equal stacks, ``torch.zeros(3)`` returned twice) into one tensor, a
 vectorized value can be a view of an input (``torch.stack([x[i] for i in
-range(n)])`` is ``x`` itself once its identity gather is a view). A caller
-that writes into one output would then change the other one, or the input.
-This pass clones each output that shares memory with an input or another
-output when it did not in the graph the pipeline started from
-(:func:`output_aliases`, recorded in ``ctx.output_aliases`` before the first
-pass); outputs that eager returns as views or as the same tensor stay so.
+range(n)])`` is ``x`` itself once its identity gather is a view), and a row
+read ``x[0]`` returned as it is can become a row of a gathered copy. A caller
+that writes into one output would then change another one, or the input, or
+no longer the input. :func:`output_aliases` records, before the first pass
+(``ctx.output_aliases``), what eager's outputs share; at the end of the
+pipeline this pass
 
-Memory is followed back through the ops that may return a view or their
-input itself (views, casts, ``detach``, in-place ops, ``getitem``, modules):
-the *roots* of a value are the computed tensors and inputs it may share
-memory with. Legal because a clone has the same value and gradient. Costs a
-copy of the cloned outputs only; most graphs have one fresh output and get none.
+* computes each output that eager computes by views of inputs alone (``x[0]``,
+  ``x.t()``) by those same views again;
+* gives every other class of outputs that share memory with each other its own
+  copy of each *root* it now shares with another class or with an input
+  (a root: a computed tensor or an input whose memory a value may share,
+  followed back through views, casts, ``detach``, in-place ops and
+  ``getitem``), its outputs the same views of the copy as of the root.
+
+Legal because a clone has the root's value and gradient and the views are
+recomputed exactly. Costs a copy per separated root; most graphs have one
+fresh output and get none. Left as it is: sharing that grouping removed
+between outputs computed by the model (``h`` and ``h.view(-1)`` where the
+view became a row of a copy): eager's writes into one reach the other, ours
+do not.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch.fx as fx
+
+from dynamo_relational.ops import tensor_info
 
 from .context import PassContext
 from .inplace import is_in_place
@@ -37,10 +48,13 @@ VIEW_OPS = frozenset((
 
 @dataclass(frozen=True)
 class OutputAliases:
-    """For each output position: the inputs (placeholders and attributes, by name) it may share memory with,
-    and the other positions it may share memory with."""
+    """What the outputs of a graph share memory with (:func:`output_aliases`)."""
+    #: per output position: the inputs (placeholders and attributes, as ``(op, target)``) it may share memory with
     inputs: tuple[frozenset, ...]
-    shared: tuple[frozenset, ...]
+    #: per output position: the number of its class, the outputs that may share memory with each other
+    classes: tuple[int, ...]
+    #: per output position: a graph computing it by views from inputs alone (``x[0]``, ``x.t()``), or None
+    input_views: tuple[fx.Graph | None, ...]
 
 
 def may_alias(node: fx.Node) -> bool:
@@ -53,7 +67,7 @@ def may_alias(node: fx.Node) -> bool:
 
 
 def _roots(value, memo: dict) -> frozenset:
-    """The computed nodes and inputs (``("input", op, name)``) whose memory ``value`` may share. Iterative:
+    """The nodes (computed tensors, placeholders, attributes) whose memory ``value`` may share. Iterative:
     a chain of views can be longer than Python's recursion limit."""
     if not isinstance(value, fx.Node):
         return frozenset()
@@ -62,9 +76,7 @@ def _roots(value, memo: dict) -> frozenset:
         node = stack[-1]
         if node in memo:
             stack.pop()
-        elif node.op in ("placeholder", "get_attr"):
-            memo[node] = frozenset({("input", node.op, node.target)})
-        elif not may_alias(node):
+        elif node.op in _INPUTS or not may_alias(node):
             memo[node] = frozenset({node})
         else:
             pending = [a for a in node.all_input_nodes if a not in memo]
@@ -75,45 +87,135 @@ def _roots(value, memo: dict) -> frozenset:
     return memo[value]
 
 
-def _outputs(graph: fx.Graph) -> list:
+_INPUTS = ("placeholder", "get_attr")
+
+
+def _input_keys(roots: frozenset) -> frozenset:
+    return frozenset((r.op, r.target) for r in roots if r.op in _INPUTS)
+
+
+def _outputs(graph: fx.Graph) -> tuple[fx.Node, list]:
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     values = output.args[0]
-    return list(values) if isinstance(values, (list, tuple)) else [values]
+    return output, list(values) if isinstance(values, (list, tuple)) else [values]
+
+
+def _classes(roots: list[frozenset]) -> tuple[int, ...]:
+    """Each position's class: positions whose roots meet, transitively, share a number."""
+    owner: dict = {}   # root -> class
+    parent = list(range(len(roots)))
+
+    def find(p):
+        while parent[p] != p:
+            parent[p] = p = parent[parent[p]]
+        return p
+
+    for p, rs in enumerate(roots):
+        for r in rs:
+            q = owner.setdefault(r, p)
+            parent[find(p)] = find(q)
+    return tuple(find(p) for p in range(len(roots)))
+
+
+def _view_chain(value: fx.Node, roots: frozenset) -> fx.Graph | None:
+    """A graph computing ``value`` from its input roots by the same views, if only views lead there."""
+    chain, stack = {}, [value]
+    while stack:
+        node = stack.pop()
+        if node in chain or node.op in _INPUTS:
+            continue
+        if node.op == "call_module" or is_in_place(node):
+            return None
+        chain[node] = None
+        stack.extend(node.all_input_nodes)
+    graph, env = fx.Graph(), {}
+    for root in roots:
+        env[root] = graph.placeholder(f"{root.op}_{root.target}".replace(".", "_"))
+        env[root].meta["input"] = (root.op, root.target)
+    for node in value.graph.nodes:   # in graph order
+        if node in chain:
+            env[node] = graph.node_copy(node, env.__getitem__)
+    graph.output(env[value])
+    return graph
 
 
 def output_aliases(graph: fx.Graph) -> OutputAliases:
     """What each output of ``graph`` may share memory with (see :class:`OutputAliases`)."""
     memo: dict = {}
-    roots = [_roots(v, memo) for v in _outputs(graph)]
-    inputs = tuple(frozenset(r for r in rs if type(r) is tuple) for rs in roots)
-    shared = tuple(frozenset(q for q, other in enumerate(roots) if q != p and rs & other)
-                   for p, rs in enumerate(roots))
-    return OutputAliases(inputs, shared)
+    _, values = _outputs(graph)
+    roots = [_roots(v, memo) for v in values]
+    views = tuple(_view_chain(v, rs) if rs and all(r.op in _INPUTS for r in rs) else None
+                  for v, rs in zip(values, roots))
+    return OutputAliases(tuple(_input_keys(rs) for rs in roots), _classes(roots), views)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     before = ctx.output_aliases
     graph = gm.graph
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    values = _outputs(graph)
+    output, values = _outputs(graph)
     if before is None or len(values) != len(before.inputs):
         return gm
+    inputs = {(n.op, n.target): n for n in graph.nodes if n.op in _INPUTS}
+    changed = cloned = 0
+    # Outputs that are views of inputs in eager: the same views of the same inputs.
+    for p, chain in enumerate(before.input_views):
+        if chain is not None and all(n.meta["input"] in inputs for n in chain.nodes if n.op == "placeholder"):
+            with graph.inserting_before(output):
+                values[p] = graph.graph_copy(chain, {n: inputs[n.meta["input"]] for n in chain.nodes
+                                                     if n.op == "placeholder"})
+            changed += 1
+    # Every other class of outputs gets its own copy of each root it shares with another class, or of an input
+    # its eager outputs did not share memory with; its outputs become the views of that copy they were of the root.
     memo: dict = {}
     roots = [_roots(v, memo) for v in values]
-    cloned = []
-    for p, value in enumerate(values):
-        new_inputs = {r for r in roots[p] if type(r) is tuple} - before.inputs[p]
-        new_shared = [q for q, other in enumerate(roots) if q != p and q not in before.shared[p] and roots[p] & other]
-        if not (new_inputs or new_shared):
-            continue
-        with graph.inserting_before(output):
-            copy = graph.call_method("clone", (value,))
-        copy.meta = dict(value.meta)
-        values[p], roots[p] = copy, frozenset({copy})
-        cloned.append(p)
-    if cloned:
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    owner: dict = {}   # computed root -> the class that keeps it
+    for c in dict.fromkeys(before.classes):
+        members = [p for p, k in enumerate(before.classes) if k == c and before.input_views[p] is None]
+        eager_inputs = frozenset().union(*(before.inputs[p] for p in members))
+        for root in sorted(frozenset().union(*(roots[p] for p in members)), key=position.__getitem__):
+            keeps = (root.op, root.target) in eager_inputs if root.op in _INPUTS else owner.setdefault(root, c) == c
+            if keeps:
+                continue
+            if tensor_info(root) is None:   # a tuple (torch.max(h, 0)): copy the outputs read from it instead
+                root_copy, sources = None, [values[p] for p in members if root in roots[p]]
+            else:
+                root_copy, sources = root, [root]
+            for source in sources:
+                with graph.inserting_before(output):
+                    copy = graph.call_method("clone", (source,))
+                copy.meta = dict(source.meta)
+                rebuilt = _rebuilt_over(graph, output, source if root_copy is None else root, copy, memo)
+                for p in members:
+                    values[p] = rebuilt(values[p])
+                cloned += 1
+    if changed or cloned:
         structure = output.args[0]
         output.args = (type(structure)(values) if isinstance(structure, (list, tuple)) else values[0],)
         gm.recompile()
-        ctx.stats["outputs_cloned"] = len(cloned)
+    if cloned:
+        ctx.stats["outputs_cloned"] = cloned
     return gm
+
+
+def _rebuilt_over(graph: fx.Graph, output: fx.Node, root: fx.Node, copy: fx.Node, memo: dict):
+    """A function giving a value's node computed from ``copy`` where it was computed from ``root``: the views
+    between are copied. An in-place op or module between is not run again: its result is copied instead."""
+    done = {root: copy}
+
+    def rebuilt(node):
+        if not isinstance(node, fx.Node):
+            return node
+        new = done.get(node)
+        if new is None:
+            if root not in memo.get(node, ()):
+                return node
+            with graph.inserting_before(output):
+                if node.op == "call_module" or is_in_place(node):
+                    new = graph.call_method("clone", (node,))
+                    new.meta = dict(node.meta)
+                else:
+                    new = graph.node_copy(node, rebuilt)
+            done[node] = new
+        return new
+    return rebuilt
