@@ -152,7 +152,26 @@ def _compile_grouped(grouped: fx.GraphModule, report: GraphReport, example_input
         fn = grouped
         report.timings["no_inductor"] = 0.0   # nothing compiled (the key keeps it out of the passes' times)
     log.info("relational: %d -> %d FX nodes in %d groups", report.nodes_before, report.nodes_after, report.groups)
-    return CompiledGraph(fn, grouped, report)
+    return CompiledGraph(_refusing_changed_constants(fn, report.constants_read), grouped, report)
+
+
+def _refusing_changed_constants(fn: Callable, read: list) -> Callable:
+    """``fn``, checking before each call that the buffers whose values ``value_compression`` merged rows by
+    are unchanged: Dynamo's guards do not look at buffer values, so the graph would compute with stale merges."""
+    if not read:
+        return fn
+    from dynamo_relational.passes.compress_values import changed_constant
+    from .errors import RelationalError
+
+    def checked(*args):
+        name = changed_constant(read)
+        if name is not None:
+            raise RelationalError(
+                f"value_compression merged rows by the values of {name}, which changed in place since compiling: "
+                "the compiled graph would compute with the old merges. Call torch._dynamo.reset() and compile again "
+                "after changing it (or compile without value_compression).")
+        return fn(*args)
+    return checked
 
 
 def without_autograd_cache_if_tagged(gm: fx.GraphModule):

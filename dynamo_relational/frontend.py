@@ -903,6 +903,15 @@ class RelationalModule(nn.Module):
         state = self._state()
         traced = self._traced.get(state)
         changed = traced.attributes.changed() if traced is not None else None
+        if changed is None and traced is not None and traced.report.constants_read:
+            from dynamo_relational.passes.compress_values import changed_constant
+
+            name = changed_constant(traced.report.constants_read)
+            if name is not None:
+                log.warning("relational: %s changed in place since the model was traced, and value_compression merged "
+                            "rows by its values; tracing and compiling it again", name)
+                del self._traced[state]
+                traced = None
         if changed is not None:
             log.warning("relational: %s was %s since the model was traced; tracing and compiling it again (a "
                         "value that changes between calls is better an input, or a buffer: the graph reads those on "

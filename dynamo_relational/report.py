@@ -30,6 +30,9 @@ class GraphReport:
     stats: dict[str, Any] = field(default_factory=dict)
     #: the grouped graph module (for drawing); set by the backend
     graph_module: Any = None
+    #: (name, tensor, version) of the constants whose values value compression merged rows by
+    #: (``passes/compress_values.py``): :func:`~dynamo_relational.passes.compress_values.changed_constant`
+    constants_read: list = field(default_factory=list, repr=False)
 
     def add_time(self, name: str, start: float) -> None:
         """Add the seconds since ``start`` (``time.perf_counter()``) to timing ``name``."""
@@ -45,7 +48,7 @@ class GraphReport:
             timings=dict(ctx.timings), node_counts=dict(ctx.node_counts), ungrouped=Counter(ctx.ungrouped),
             group_sizes=[(g.family, len(g.nodes), g.signature) for g in ctx.groups if g.ops and len(g.nodes) > 1],
             ungrouped_nodes={reason: list(names) for reason, names in ctx.ungrouped_nodes.items()},
-            before=before, after=after, stats=stats)
+            before=before, after=after, stats=stats, constants_read=list(ctx.constants_read))
 
 
 @dataclass

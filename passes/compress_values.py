@@ -2,7 +2,9 @@
 
 The layer-wise form of NeuraLogic's isomorphic compression (thesis, section 5.2.6), opt-in with
 ``options={"value_compression": True}``: it reads the model's buffers (not its parameters or
-inputs) as constants, so their values at compile time decide which rows are equal. Grounded
+inputs) as constants, so their values at compile time decide which rows are equal (each one read is
+recorded with its version counter in ``ctx.constants_read``: a call after an in-place change traces
+again, or, under ``torch.compile``, raises). Grounded
 relational models carry their facts in buffers (``dynamo_relational.neuralogic``: ``facts``), and
 rows that read equal facts through the same weights compute equal values.
 
@@ -64,7 +66,8 @@ _VIEW_FUNCTIONS = {torch.reshape, torch.unsqueeze, torch.squeeze, torch.t, torch
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if not ctx.options.value_compression or ctx.keep_order:
         return gm
-    ids = value_numbers(gm)
+    read: list = []
+    ids = value_numbers(gm, read)
     compressed = []
     for node in list(gm.graph.nodes):
         classes = _row_classes(node, ids.get(node))
@@ -77,8 +80,22 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if compressed:
         gm.graph.lint()
         gm.recompile()
+        ctx.constants_read = read
     ctx.stats["rows_compressed"] = compressed
     return gm
+
+
+def changed_constant(read: list) -> str | None:
+    """The name of the first constant of ``read`` (``ctx.constants_read``) changed in place since the
+    compression read it, or None: the graph then merges rows that may no longer be equal."""
+    for name, tensor, version in read:
+        if _version(tensor) != version:
+            return name
+    return None
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    return None if tensor.is_inference() else tensor._version   # inference tensors have no counter
 
 
 # ----------------------------------------------------------------------------------------------
@@ -129,8 +146,10 @@ def unique_rows(columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return first, key
 
 
-def value_numbers(gm: fx.GraphModule) -> dict[fx.Node, torch.Tensor]:
-    """Element ids of every tensor node whose shape is known (see the module docstring)."""
+def value_numbers(gm: fx.GraphModule, read: list | None = None) -> dict[fx.Node, torch.Tensor]:
+    """Element ids of every tensor node whose shape is known (see the module docstring); the constants
+    numbered by value are appended to ``read`` as (name, tensor, version counter)."""
+    read = [] if read is None else read
     numbering = _Numbering()
     parameters = {id(p) for p in gm.parameters()}
     ids: dict[fx.Node, torch.Tensor] = {}
@@ -142,6 +161,7 @@ def value_numbers(gm: fx.GraphModule) -> dict[fx.Node, torch.Tensor]:
             buffer = _dynamo_buffer(node)
             if buffer is not None:
                 ids[node] = _constant_ids(numbering, buffer)
+                read.append((node.meta["grapharg"].source.name, buffer, _version(buffer)))
             elif info is not None:
                 ids[node] = numbering.fresh(info.shape)
             continue
@@ -152,6 +172,8 @@ def value_numbers(gm: fx.GraphModule) -> dict[fx.Node, torch.Tensor]:
             if value is not None:
                 constant = id(value) not in parameters and not value.requires_grad
                 ids[node] = _constant_ids(numbering, value) if constant else numbering.fresh(value.shape)
+                if constant:
+                    read.append((node.target, value, _version(value)))
             continue
         try:
             found = _propagate(gm, node, ids, numbering)

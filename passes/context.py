@@ -33,6 +33,9 @@ class PassContext:
     #: what the outputs of the graph the pipeline started from share memory with
     #: (``passes/distinct_outputs.py``); None: not recorded, the outputs are left as they are
     output_aliases: Any = None
+    #: the tensors whose values decided ``compress_values``'s merges, as (name, tensor, version counter):
+    #: changed in place later, the compiled graph would merge rows that are no longer equal
+    constants_read: list = field(default_factory=list)
 
     def leave_ungrouped(self, node, reason: str) -> None:
         self.ungrouped[reason] += 1

@@ -7,7 +7,7 @@ from torch import nn
 
 import dynamo_relational
 from examples.data import graph_batch
-from tests.conftest import TOLERANCE
+from tests.conftest import TOLERANCE, warnings_logged
 from tests.test_frontend import assert_fast_compile_matches_eager
 
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
@@ -131,3 +131,32 @@ def test_backend_option_through_torch_compile():
     report = dynamo_relational.explain(model, value_compression=True, strict=True)
     torch.testing.assert_close(report.compiled(), model(), **TOLERANCE[torch.float64])
     assert any(g.stats.get("rows_compressed") for g in report.graphs)
+
+
+def _new_facts(model: FactGCN) -> None:
+    """Every atom a type of its own: no two rows read equal facts any more."""
+    with torch.no_grad():
+        model.facts.copy_(torch.randn(model.facts.shape, dtype=model.facts.dtype,
+                                      generator=torch.Generator().manual_seed(1)))
+
+
+def test_facts_changed_in_place_after_compiling_are_traced_again_by_the_fast_front_end():
+    """The merges hold for the facts the compression read: the fast front-end compares their version
+    counter on every call, as it does plain attributes, and traces again."""
+    model = fact_gcn(graphs=2)
+    compiled = dynamo_relational.compile(model, (), value_compression=True, strict=True)
+    assert _compressed(compiled)
+    _new_facts(model)
+    with warnings_logged() as warnings:
+        torch.testing.assert_close(compiled(), model(), **TOLERANCE[torch.float64])
+    assert any("facts changed in place" in message for message in warnings)
+
+
+def test_facts_changed_in_place_after_compiling_are_a_clear_error_under_torch_compile():
+    """Dynamo's guards do not read buffer values: the call names the buffer instead of returning old merges."""
+    model = fact_gcn(graphs=2)
+    compiled = torch.compile(model, backend="relational", options={"value_compression": True, "strict": True})
+    torch.testing.assert_close(compiled(), model(), **TOLERANCE[torch.float64])
+    _new_facts(model)
+    with pytest.raises(dynamo_relational.RelationalError, match=r"value_compression.*_buffers\['facts'\].*changed"):
+        compiled()
