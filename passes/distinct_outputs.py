@@ -119,22 +119,25 @@ def _classes(roots: list[frozenset]) -> tuple[int, ...]:
 
 def _view_chain(value: fx.Node, roots: frozenset) -> fx.Graph | None:
     """A graph computing ``value`` from its input roots by the same views, if only views lead there."""
-    chain, stack = {}, [value]
+    order, done, stack = [], set(), [(value, False)]   # the chain's nodes, inputs first (a post-order walk)
     while stack:
-        node = stack.pop()
-        if node in chain or node.op in _INPUTS:
+        node, expanded = stack.pop()
+        if node in done or node.op in _INPUTS:
+            continue
+        if expanded:
+            done.add(node)
+            order.append(node)
             continue
         if node.op == "call_module" or is_in_place(node):
             return None
-        chain[node] = None
-        stack.extend(node.all_input_nodes)
+        stack.append((node, True))
+        stack.extend((a, False) for a in node.all_input_nodes)
     graph, env = fx.Graph(), {}
     for root in roots:
         env[root] = graph.placeholder(f"{root.op}_{root.target}".replace(".", "_"))
         env[root].meta["input"] = (root.op, root.target)
-    for node in value.graph.nodes:   # in graph order
-        if node in chain:
-            env[node] = graph.node_copy(node, env.__getitem__)
+    for node in order:
+        env[node] = graph.node_copy(node, env.__getitem__)
     graph.output(env[value])
     return graph
 
@@ -177,15 +180,13 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             keeps = (root.op, root.target) in eager_inputs if root.op in _INPUTS else owner.setdefault(root, c) == c
             if keeps:
                 continue
-            if tensor_info(root) is None:   # a tuple (torch.max(h, 0)): copy the outputs read from it instead
-                root_copy, sources = None, [values[p] for p in members if root in roots[p]]
-            else:
-                root_copy, sources = root, [root]
+            # A tuple (torch.max(h, 0)) cannot be cloned: the outputs read from it are, one by one.
+            sources = [root] if tensor_info(root) is not None else [values[p] for p in members if root in roots[p]]
             for source in sources:
                 with graph.inserting_before(output):
                     copy = graph.call_method("clone", (source,))
                 copy.meta = dict(source.meta)
-                rebuilt = _rebuilt_over(graph, output, source if root_copy is None else root, copy, memo)
+                rebuilt = _rebuilt_over(graph, output, source, copy, memo)
                 for p in members:
                     values[p] = rebuilt(values[p])
                 cloned += 1
