@@ -55,8 +55,8 @@ def _is_size(value: Any) -> bool:
 
 def _takes_sizes(node: fx.Node) -> bool:
     """Whether ``node``'s int arguments may be sizes. Those of elementwise ops are operands (``h ** 2``,
-    ``h // 3``), the same in every grounding: lifted, Inductor's backward of ``pow`` and ``floor_divide``
-    with a symbolic int operand fails ("NYI SymInt equality"), and the schema's shared code with it."""
+    ``h + 3``), the same in every grounding: lifted, Inductor's backward of ``pow`` with a symbolic int
+    exponent fails ("NYI SymInt equality"), and the schema's shared code with it."""
     return node.op in ("call_function", "call_method") and REGISTRY.family_of(node) is not ELEMENTWISE
 
 

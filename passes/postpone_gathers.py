@@ -13,13 +13,14 @@ on rows that eager never gives it, and their gradient is 0 times ``f``'s
 derivative there: that adds 0 only where the derivative is finite. So the
 move then needs an op whose derivative is finite at every finite input
 (``relu``, ``tanh``, a product with a weight; not ``sqrt``, ``log``,
-``reciprocal`` or ``exp``, which overflows: ``0 * inf`` is NaN). Pays when ``X`` has no more rows than ``I``
-(messages per edge become values per node: |V| rows instead of |E|), or when
-every user of ``f`` is itself a gather, so that ``compose_gathers`` folds the
-moved gather into them and one gather disappears (allowed while ``X`` has at
-most ``MAX_GROWTH`` times the rows of ``I``; also through a ``cat`` that only
-gathers read). The moved gather keeps its kind
-(and so its deterministic backward).
+``reciprocal`` or ``exp``, which overflows: ``0 * inf`` is NaN).
+
+Pays when ``X`` has no more rows than ``I`` (messages per edge become values
+per node: |V| rows instead of |E|), or when every user of ``f`` is itself a
+gather, so that ``compose_gathers`` folds the moved gather into them and one
+gather disappears (allowed while ``X`` has at most ``MAX_GROWTH`` times the
+rows of ``I``; also through a ``cat`` that only gathers read). The moved
+gather keeps its kind (and so its deterministic backward).
 
 :func:`sites` and :func:`apply` offer every legal move, paying or not, to the
 rewrite search (``rewrite_search``), which judges whole graphs by the cost
