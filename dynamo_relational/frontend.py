@@ -898,24 +898,31 @@ class RelationalModule(nn.Module):
                     f"argument {spec.name!r}: the graph was compiled for {spec.describe()}, got {got.describe()}. "
                     "The compiled graph is specialized to the example inputs; compile again for other shapes.")
 
-    def _variant(self, args: Sequence[torch.Tensor]) -> tuple[_Traced, Callable]:
-        """The compiled graph for the modules' state (see :meth:`_state`) and the autograd need of this call."""
-        state = self._state()
-        traced = self._traced.get(state)
-        changed = traced.attributes.changed() if traced is not None else None
-        if changed is None and traced is not None and traced.report.constants_read:
+    @staticmethod
+    def _stale(traced: _Traced) -> bool:
+        """Whether ``traced`` computes with values that changed since tracing (logged with the reason): a plain
+        attribute replaced or changed in place, or a buffer that value_compression merged rows by."""
+        changed = traced.attributes.changed()
+        if changed is not None:
+            log.warning("relational: %s was %s since the model was traced; tracing and compiling it again (a "
+                        "value that changes between calls is better an input, or a buffer: the graph reads those on "
+                        "every call)", *changed)
+            return True
+        if traced.report.constants_read:
             from dynamo_relational.passes.compress_values import changed_constant
 
             name = changed_constant(traced.report.constants_read)
             if name is not None:
                 log.warning("relational: %s changed in place since the model was traced, and value_compression merged "
                             "rows by its values; tracing and compiling it again", name)
-                del self._traced[state]
-                traced = None
-        if changed is not None:
-            log.warning("relational: %s was %s since the model was traced; tracing and compiling it again (a "
-                        "value that changes between calls is better an input, or a buffer: the graph reads those on "
-                        "every call)", *changed)
+                return True
+        return False
+
+    def _variant(self, args: Sequence[torch.Tensor]) -> tuple[_Traced, Callable]:
+        """The compiled graph for the modules' state (see :meth:`_state`) and the autograd need of this call."""
+        state = self._state()
+        traced = self._traced.get(state)
+        if traced is not None and self._stale(traced):
             del self._traced[state]
             traced = None
         if traced is None:
