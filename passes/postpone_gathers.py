@@ -8,23 +8,21 @@ Rewrites ``f(gather(X, I))`` into ``gather(f(X), I)`` for a row-wise ``f``:
 
 Legal because a row-wise op computes row ``i`` of its output from row ``i`` of
 its input alone, so computing it on all rows of ``X`` and then reading rows
-``I`` gives the same rows. Where ``I`` leaves rows of ``X`` unread, ``f`` runs
-on rows that eager never gives it, and their gradient is 0 times ``f``'s
-derivative there: that adds 0 only where the derivative is finite. So the
-move then needs an op whose derivative is finite at every finite input
-(``relu``, ``tanh``, a product with a weight; not ``sqrt``, ``log``,
-``reciprocal`` or ``exp``, which overflows: ``0 * inf`` is NaN).
+``I`` gives the same rows; and because ``I`` reads every row of ``X``, so ``f``
+runs on exactly the rows eager gives it. On a row nothing reads, the
+gradient would be 0 times ``f``'s derivative there, or times the row itself
+for a weight's gradient: NaN where either is infinite (``sqrt`` of a negative
+number, a linear map of a row of infs), which eager never computes.
 
-Pays when ``X`` has no more rows than ``I`` (messages per edge become values
-per node: |V| rows instead of |E|), or when every user of ``f`` is itself a
-gather, so that ``compose_gathers`` folds the moved gather into them and one
-gather disappears (allowed while ``X`` has at most ``MAX_GROWTH`` times the
-rows of ``I``; also through a ``cat`` that only gathers read). The moved
-gather keeps its kind (and so its deterministic backward).
+Saves work: since ``I`` reads every row of ``X``, ``f`` runs on no more rows
+than before, and on fewer where ``I`` reads a row twice (messages per edge
+become values per node: |V| rows instead of |E|). The gather moves next to
+the reduction that reads it, where ``compose_gathers`` can fold it into the
+gathers that read it. The moved gather keeps its kind (and so its deterministic
+backward).
 
-:func:`sites` and :func:`apply` offer every legal move, paying or not, to the
-rewrite search (``rewrite_search``), which judges whole graphs by the cost
-model instead of the ``MAX_GROWTH`` rule.
+:func:`sites` and :func:`apply` offer every move to the rewrite search
+(``rewrite_search``), which orders them among the other rewrites by the cost model.
 """
 from __future__ import annotations
 
@@ -32,27 +30,16 @@ import operator
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 from dynamo_relational.ops import TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import _UNARY
 
 from .context import PassContext
-from .gather_nodes import as_gather, is_cat0, rows, set_source
+from .gather_nodes import as_gather, rows, set_source
 from .linear_nodes import linear_args
 
-MAX_GROWTH = 2
 _MATMUL = {torch.matmul, operator.matmul, torch.mm}
 _UNARY_OPS = set(_UNARY) - {torch.clamp, torch.clip}  # clamp's bounds may be tensors
-#: the unary ops whose derivative is finite at every finite input (autograd's formula, evaluated there):
-#: on a row nothing reads, they pass exactly 0 back (see the module docstring)
-_FINITE_DERIVATIVE = {
-    torch.relu, F.relu, torch.sigmoid, F.sigmoid, torch.special.expit, torch.tanh, F.tanh, torch.neg, operator.neg,
-    torch.abs, torch.sin, torch.cos, torch.square, torch.erf, torch.erfc, torch.atan, torch.asinh, torch.sign,
-    torch.sgn, torch.floor, torch.ceil, torch.round, torch.trunc, torch.frac, torch.detach, torch.nan_to_num,
-    torch.clamp_min, torch.clamp_max, torch.isnan, torch.isinf, torch.isfinite, torch.deg2rad, torch.rad2deg,
-    F.leaky_relu, F.elu, F.gelu, F.silu, F.softplus, F.relu6, F.hardtanh, F.mish, F.selu, F.celu, F.logsigmoid,
-    F.hardsigmoid, F.hardswish, F.softsign, F.tanhshrink, F.threshold, torch.threshold, F.hardshrink, F.softshrink}
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -65,7 +52,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             if gather is None or gather.reduces or rows(gather.base) is None:
                 continue
             for user in list(node.users):
-                if _movable(gather, user) and _pays(gm, gather, user):
+                if _movable(gather, user):
                     _move_below(gm, gather, user)
                     moved += 1
                     changed = True
@@ -74,7 +61,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 
 
 def sites(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
-    """Every ``(gather, row-wise user)`` pair that :func:`apply` can move, whether it pays or not."""
+    """Every ``(gather, row-wise user)`` pair that :func:`apply` can move."""
     found = []
     for node in gm.graph.nodes:
         gather = as_gather(gm, node)
@@ -125,30 +112,8 @@ def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
 
 
 def _movable(gather, user: fx.Node) -> bool:
-    """``user`` is row-wise in the gather's rows and may run on every row of its base: the gather reads every
-    row, or ``user``'s derivative is finite everywhere (so the rows it does not read get exactly 0)."""
-    if not _row_wise_in(user, gather.node):
-        return False
-    if user.target in _MATMUL or linear_args(user) is not None or user.target in _FINITE_DERIVATIVE:
-        return True
-    return bool(torch.bincount(gather.index, minlength=rows(gather.base)).all())
-
-
-def _pays(gm: fx.GraphModule, gather, user: fx.Node) -> bool:
-    source_rows, gathered_rows = rows(gather.base), gather.index.shape[0]
-    if source_rows <= gathered_rows:
-        return True
-    return _only_gathered(gm, user) and source_rows <= MAX_GROWTH * gathered_rows
-
-
-def _only_gathered(gm: fx.GraphModule, node: fx.Node) -> bool:
-    """Every use of ``node`` is as the base of a gather, directly or as a block of a cat that only gathers read."""
-    def read_by_gathers(n):
-        return bool(n.users) and all(as_gather(gm, u) is not None and u.args[0] is n for u in n.users)
-
-    return bool(node.users) and all(
-        (as_gather(gm, u) is not None and u.args[0] is node) or (is_cat0(u) and read_by_gathers(u))
-        for u in node.users)
+    """``user`` is row-wise in the gather's rows, and the gather reads every row of its base."""
+    return _row_wise_in(user, gather.node) and bool(torch.bincount(gather.index, minlength=rows(gather.base)).all())
 
 
 def _move_below(gm: fx.GraphModule, gather, user: fx.Node) -> None:

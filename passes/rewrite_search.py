@@ -7,9 +7,8 @@ over a reduction (``commute_linear``) can enable a fusion with the linear
 before it. This pass searches over such sequences, starting from the graph
 the greedy passes left:
 
-* **moves** (:data:`REWRITES`): every legal site of ``postpone_gathers``
-  (including those its growth rule refuses), ``commute_linear`` in both
-  directions (factor or distribute a sum-product, as SPORES considers),
+* **moves** (:data:`REWRITES`): every legal site of ``postpone_gathers``,
+  ``commute_linear`` in both directions (factor or distribute a sum-product, as SPORES considers),
   ``fuse_linear`` and ``absorb_gathers`` (including what their local
   estimates reject);
 * after each move, the always-profitable clean-ups run (``compose_gathers``,

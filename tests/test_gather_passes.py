@@ -1,5 +1,7 @@
 """The gather optimizer passes (postpone, compose, simplify): they fire where they should, stay
 put where they must not, can be switched off, and the compiled model always equals eager."""
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -12,6 +14,12 @@ from tests.test_frontend import assert_fast_compile_matches_eager
 
 def _stat(report, name):
     return sum(g.stats.get(name, 0) for g in report.graphs)
+
+
+def _with_self_loops(batch):
+    """Every node also sends to itself (as ``GCNConv`` adds): each layer's messages read every node's row,
+    which lets the linear map move below the gather (``postpone_gathers`` needs every row read)."""
+    return dataclasses.replace(batch, edges=batch.edges + [(v, v) for v in range(batch.num_nodes)])
 
 
 class RangeReads(nn.Module):
@@ -39,7 +47,7 @@ class PairwiseProducts(nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_gcn_linear_moves_before_the_gather_and_composes(dtype):
     torch.manual_seed(0)
-    batch = graph_batch("mutagenesis", graphs=3, dtype=dtype)
+    batch = _with_self_loops(graph_batch("mutagenesis", graphs=3, dtype=dtype))
     report = assert_compiled_matches_eager(ScalarGCN(batch, 7).to(dtype), batch.x, inductor=False)
     assert _stat(report, "gathers_postponed") >= 1
     assert _stat(report, "gathers_composed") >= 1
@@ -92,24 +100,41 @@ class RootsOfSome(nn.Module):
         return torch.stack(out)
 
 
+class SumsOfPairs(nn.Module):
+    """``f(x_j)`` for the rows ``j`` in ``pairs``, summed pair by pair: ``f``'s group reads those rows of ``x``
+    once each, and the sums read ``f``'s rows through gathers (which the moved gather would compose with)."""
+
+    def __init__(self, f, pairs):
+        super().__init__()
+        self.f, self.pairs = f, pairs
+
+    def forward(self, x):
+        y = {j: self.f(x[j]) for pair in self.pairs for j in pair}
+        return torch.stack([y[p] + y[q] for p, q in self.pairs])
+
+
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
-def test_a_gather_stays_above_an_op_whose_gradient_is_nan_on_the_rows_it_does_not_read(front_end):
-    """Moved below the gather, ``sqrt`` would run on every row of ``h``, the negative ones too: their
-    gradient, 0 times sqrt's infinite derivative there, is NaN, and it reaches ``w`` and ``x``."""
-    x = torch.tensor([3.0, 0.5, 2.0, 0.2, 4.0, 0.1], dtype=torch.float64)
+@pytest.mark.parametrize("f, unread", [("sqrt", -1.0), ("sigmoid", float("nan")), ("linear", float("inf"))])
+def test_a_gather_that_leaves_rows_unread_stays_above_a_row_wise_op(front_end, f, unread):
+    """Moved below the gather, ``f`` would run on rows of ``x`` that eager never gives it: their gradient,
+    0 times ``f``'s derivative there (``sqrt`` at -1, ``sigmoid`` at NaN) or 0 times the row itself (a linear
+    map's weight gradient of a row of infs), is NaN, and it would reach ``x`` and the weights."""
+    torch.manual_seed(0)
+    fn = nn.Linear(3, 2).double() if f == "linear" else getattr(torch, f)
+    x = torch.rand(6, 3, dtype=torch.float64) + 0.5
+    x[[1, 3, 5]] = unread
     check = assert_compiled_matches_eager if front_end == "backend" else assert_fast_compile_matches_eager
-    result = check(RootsOfSome([0, 4, 2], torch.sqrt), x, inductor=False)
-    report = result if front_end == "backend" else result.report
-    assert _stat(report, "gathers_postponed") == 0
-    # Where the gather reads every row, or the op's derivative is finite everywhere, the move is made.
-    for some, f in (([5, 0, 4, 1, 3, 2], torch.sqrt), ([0, 4, 2], torch.relu)):
-        result = check(RootsOfSome(some, f), x + (1.5 if f is torch.sqrt else 0), inductor=False)
-        assert _stat(result if front_end == "backend" else result.report, "gathers_postponed") == 1
+    result = check(SumsOfPairs(fn, [(0, 4), (4, 2), (2, 0)]), x, inductor=False)
+    assert _stat(result if front_end == "backend" else result.report, "gathers_postponed") == 0
+    # Where the gather reads every row, the move is made.
+    result = check(SumsOfPairs(fn, [(0, 4), (4, 2), (2, 0), (1, 3), (5, 1)]), x.abs().nan_to_num(1.0, 1.0),
+                   inductor=False)
+    assert _stat(result if front_end == "backend" else result.report, "gathers_postponed") == 1
 
 
 def test_gcn_with_the_passes_through_inductor_matches_eager():
     torch.manual_seed(0)
-    batch = graph_batch("mutagenesis", graphs=3)
+    batch = _with_self_loops(graph_batch("mutagenesis", graphs=3))
     report = assert_compiled_matches_eager(ScalarGCN(batch, 7), batch.x)
     assert _stat(report, "gathers_postponed") >= 1
 
