@@ -1055,6 +1055,16 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                     "(a plain tensor attribute, or one made outside forward): dynamo_relational.compile would "
                     "keep one such tensor for every call. Make it in forward (x.new_zeros(...)), register it as a "
                     "buffer, or use torch.compile(model, backend=\"relational\").")
+        # Outputs made from Python values alone that share memory (z = torch.zeros(3); return z, z[1:]) were
+        # traced as separate constants: the caller's write into one would not reach the other. Trace again,
+        # recording the tensor factories, so the graph computes the views from one tensor, as eager does.
+        if not tracer.record_factories and _returned_constants_share_memory(graph, tracer.attrs, attributes):
+            log.info("relational: outputs made without a traced value share memory; tracing again to record "
+                     "the tensor factories")
+            _set_generator_states(generators)
+            tracer = _Tracer(model, inputs, names, progress, record_random_ops=tracer.record_random_ops,
+                             record_factories=True)
+            graph = tracer.trace(model)
     stored = attributes.stored_proxy()
     if stored is not None:
         attributes.restore()
@@ -1193,6 +1203,24 @@ _MODULE_STATE = frozenset(("_parameters", "_buffers", "_modules", "training"))
 _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 #: the key of a tensor held by the attribute itself, not by an item of a list, tuple or dict
 _WHOLE = object()
+
+
+def _returned_constants_share_memory(graph: fx.Graph, attrs: dict[str, torch.Tensor], attributes) -> bool:
+    """Whether two outputs read (views of) two different constants of the graph that share memory, both
+    made in ``forward`` (tensors the model holds are left out: they are returned as themselves)."""
+    held = {id(tensor) for _, _, _, tensor, _ in attributes.held}
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    storages: dict[int, str] = {}   # storage address -> the constant read there first
+    for leaf in output.all_input_nodes:
+        base = _viewed_base(leaf)
+        if base.op != "get_attr" or not base.target.startswith("_tensor_constant"):
+            continue
+        tensor = attrs[base.target]
+        if id(tensor) in held or tensor.untyped_storage().nbytes() == 0:
+            continue
+        if storages.setdefault(tensor.untyped_storage().data_ptr(), base.target) != base.target:
+            return True
+    return False
 
 
 def _copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor], held: set[int]) -> None:

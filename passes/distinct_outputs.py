@@ -12,6 +12,11 @@ pipeline this pass
 
 * computes each output that eager computes by views of inputs alone (``x[0]``,
   ``x.t()``) by those same views again;
+* computes each other output that eager computes by views of another output
+  (``h`` and ``h.view(-1)``, where grouping made the view a row of a group of
+  reshapes) by those same views of that output's value, ``view`` replayed as
+  ``reshape`` (the value's layout may differ from eager's; where ``reshape``
+  must copy, the values are still right);
 * gives every other class of outputs that share memory with each other its own
   copy of each *root* it now shares with another class or with an input
   (a root: a computed tensor or an input whose memory a value may share,
@@ -21,17 +26,19 @@ pipeline this pass
 Legal because a clone has the root's value and gradient and the views are
 recomputed exactly. Costs a copy per separated root; most graphs have one
 fresh output and get none. Left as it is: sharing that grouping removed
-between outputs computed by the model (``h`` and ``h.view(-1)`` where the
-view became a row of a copy): eager's writes into one reach the other, ours
-do not.
+between outputs that are views of one computed value that is not itself an
+output (``h[0]`` and ``h[1]`` of a stack ``h`` that is not returned): eager's
+writes into one reach the other where their elements overlap, ours may not.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
 from dynamo_relational.ops import tensor_info
+from dynamo_relational.ops.elementwise import draws_random_numbers
 
 from .context import PassContext
 from .inplace import is_in_place
@@ -55,6 +62,8 @@ class OutputAliases:
     classes: tuple[int, ...]
     #: per output position: a graph computing it by views from inputs alone (``x[0]``, ``x.t()``), or None
     input_views: tuple[fx.Graph | None, ...]
+    #: per output position: ``(q, graph)``, the graph computing it by views from output ``q``'s value, or None
+    output_views: tuple[tuple[int, fx.Graph] | None, ...]
 
 
 def may_alias(node: fx.Node) -> bool:
@@ -142,6 +151,44 @@ def _view_chain(value: fx.Node, roots: frozenset) -> fx.Graph | None:
     return graph
 
 
+def _view_of_output(values: list, p: int, first: dict) -> tuple[int, fx.Graph] | None:
+    """``(q, graph)``: ``values[p]`` is computed by views (one tensor operand each) from ``values[q]``, the
+    farthest output on the way back (``first``: an output's node -> its first position), and ``graph``
+    computes it from a placeholder for that value; else None. (The farthest: ``values[q]`` is then no view
+    of another output, so replaying the views from it needs no other output replayed first.)"""
+    chain, node, found = [], values[p], None
+    while isinstance(node, fx.Node) and _replayable_view(node):
+        chain.append(node)
+        node = node.args[0]
+        q = first.get(node)
+        if q is not None and q != p:
+            found = q, len(chain)
+    if found is None:
+        return None
+    q, length = found
+    graph = fx.Graph()
+    env = {values[q]: graph.placeholder("output")}
+    for view in reversed(chain[:length]):
+        env[view] = graph.node_copy(view, env.__getitem__)
+        if view.op == "call_method" and view.target in _RESHAPES and not any(
+                isinstance(a, torch.dtype) for a in view.args):
+            env[view].target = _RESHAPES[view.target]   # the value's layout may not allow a view
+    graph.output(env[values[p]])
+    return q, graph
+
+
+def _replayable_view(node: fx.Node) -> bool:
+    """A view of its first argument, the only node it reads, that running again changes nothing else
+    (not an in-place op, not dropout in training, which would draw random numbers)."""
+    inputs = node.all_input_nodes
+    return node.op in ("call_function", "call_method") and may_alias(node) and not is_in_place(node) \
+        and len(inputs) == 1 and bool(node.args) and node.args[0] is inputs[0] and not draws_random_numbers(node)
+
+
+#: ``view`` replayed on a value whose layout may differ from eager's: ``reshape`` views where it can
+_RESHAPES = {"view": "reshape", "view_as": "reshape_as"}
+
+
 def output_aliases(graph: fx.Graph) -> OutputAliases:
     """What each output of ``graph`` may share memory with (see :class:`OutputAliases`)."""
     memo: dict = {}
@@ -149,7 +196,12 @@ def output_aliases(graph: fx.Graph) -> OutputAliases:
     roots = [_roots(v, memo) for v in values]
     views = tuple(_view_chain(v, rs) if rs and all(r.op in _INPUTS for r in rs) else None
                   for v, rs in zip(values, roots))
-    return OutputAliases(tuple(_input_keys(rs) for rs in roots), _classes(roots), views)
+    first: dict = {}   # output node -> its first position
+    for p, value in enumerate(values):
+        if isinstance(value, fx.Node):
+            first.setdefault(value, p)
+    of_outputs = tuple(_view_of_output(values, p, first) if views[p] is None else None for p in range(len(values)))
+    return OutputAliases(tuple(_input_keys(rs) for rs in roots), _classes(roots), views, of_outputs)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -166,6 +218,13 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             with graph.inserting_before(output):
                 values[p] = graph.graph_copy(chain, {n: inputs[n.meta["input"]] for n in chain.nodes
                                                      if n.op == "placeholder"})
+            changed += 1
+    # Outputs that are views of another output in eager: the same views of that output's value.
+    for p, link in enumerate(before.output_views):
+        if link is not None:
+            q, chain = link
+            with graph.inserting_before(output):
+                values[p] = graph.graph_copy(chain, {next(iter(chain.nodes)): values[q]})
             changed += 1
     # Every other class of outputs gets its own copy of each root it shares with another class, or of an input
     # its eager outputs did not share memory with; its outputs become the views of that copy they were of the root.

@@ -168,3 +168,53 @@ def test_a_view_of_an_output_stays_a_view_of_it_and_apart_from_the_input(front_e
     torch.testing.assert_close(given, x, rtol=0, atol=0)
     assert same is given
     assert report.stats["outputs_cloned"] == 1
+
+
+class ViewsOfComputedOutputs(nn.Module):
+    """Two computed outputs, a view of each and a view of a view: grouping makes the views of ``a`` and ``s``
+    one group of reshapes, a tensor apart from both outputs, unless the pass computes them from the outputs
+    again."""
+
+    def forward(self, x):
+        a = x[0] * 2
+        s = x[0] + x[1]
+        flat = a.view(-1)
+        return a, flat, s, s.reshape(-1)[1:], flat[1:]
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("inductor", [False, True])
+def test_a_view_of_a_computed_output_sees_writes_into_it_as_in_eager(front_end, inductor):
+    model = ViewsOfComputedOutputs()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    compiled, report = _compile(front_end, model, x, inductor=inductor)
+    for written in range(5):
+        with torch.no_grad():
+            got, want = list(compiled(x)), list(model(x))
+            got[written].add_(1)
+            want[written].add_(1)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"after writing into output {written}")
+    assert "outputs_cloned" not in report.stats
+
+
+class ConstantAndItsView(nn.Module):
+    """A tensor made from Python values alone and a view of it, both returned."""
+
+    def forward(self, x):
+        z = torch.zeros(3, dtype=x.dtype)
+        return x[0] * 2, z, z[1:]
+
+
+@pytest.mark.parametrize("inductor", [False, True])
+def test_outputs_made_from_python_values_share_memory_as_in_eager_in_the_fast_front_end(inductor):
+    """Traced from their values, ``z`` and ``z[1:]`` were two constants: a write into ``z`` missed ``z[1:]``.
+    The fast front-end now traces again recording ``torch.zeros``, and ``z[1:]`` is a view of it."""
+    model = ConstantAndItsView()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    compiled, _ = _compile("fast", model, x, inductor=inductor)
+    for _ in range(2):   # and a new z on every call
+        with torch.no_grad():
+            got, want = list(compiled(x)), list(model(x))
+            got[1].add_(1)
+            want[1].add_(1)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
