@@ -81,25 +81,6 @@ def test_no_row_wise_op_no_postponing():
     assert _stat(report, "gathers_postponed") == 0
 
 
-class RootsOfSome(nn.Module):
-    """Neurons ``h_i = w_i * x_i - 1``; the grounding takes ``tanh(h_i)`` of all and ``f(h_i)`` of some of them
-    (where ``f`` is defined, for ``sqrt``), the two interleaved: ``f``'s group reads those rows of ``h``'s."""
-
-    def __init__(self, some, f):
-        super().__init__()
-        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 6, dtype=torch.float64))
-        self.some, self.f = some, f
-
-    def forward(self, x):
-        h = [self.w[i] * x[i] - 1 for i in range(6)]
-        out = []
-        for i in range(6):
-            out.append(torch.tanh(h[i]))
-            if i < len(self.some):
-                out.append(self.f(h[self.some[i]]))
-        return torch.stack(out)
-
-
 class SumsOfPairs(nn.Module):
     """``f(x_j)`` for the rows ``j`` in ``pairs``, summed pair by pair: ``f``'s group reads those rows of ``x``
     once each, and the sums read ``f``'s rows through gathers (which the moved gather would compose with)."""
