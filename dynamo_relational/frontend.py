@@ -1040,11 +1040,19 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                     f"{type(model).__name__}.forward draws random numbers outside the traced graph through an op "
                     "that is not known to be random; dynamo_relational.compile would freeze them. Use torch's "
                     "random functions, or torch.compile(model, backend=\"relational\").")
-        # A traced value written into a tensor made from Python values (out = torch.zeros(n, d); out[v] = h):
-        # later reads of that tensor ran on its untraced value. Trace again, recording tensor factories.
+        # Tensors made from Python values alone run while tracing and become constants of the graph. Trace
+        # again, recording tensor factories, where that loses eager's behaviour: a traced value written into
+        # such a tensor (out = torch.zeros(n, d); out[v] = h), whose later reads ran on its untraced value; or
+        # outputs sharing memory through such tensors (z = torch.zeros(3); return z, z[1:]), traced as
+        # separate constants, so that the caller's write into one would not reach the other.
         if tracer.wrote_untraced is not None:
-            log.info("relational: %s writes a traced value into a tensor made without one; tracing again to "
-                     "record the tensor factories", tracer.wrote_untraced)
+            why = f"{tracer.wrote_untraced} writes a traced value into a tensor made without one"
+        elif _returned_constants_share_memory(graph, tracer.attrs, attributes.held_ids()):
+            why = "outputs made without a traced value share memory"
+        else:
+            why = None
+        if why is not None:
+            log.info("relational: %s; tracing again to record the tensor factories", why)
             _set_generator_states(generators)
             tracer = _Tracer(model, inputs, names, progress, record_random_ops=tracer.record_random_ops,
                              record_factories=True)
@@ -1055,16 +1063,6 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
                     "(a plain tensor attribute, or one made outside forward): dynamo_relational.compile would "
                     "keep one such tensor for every call. Make it in forward (x.new_zeros(...)), register it as a "
                     "buffer, or use torch.compile(model, backend=\"relational\").")
-        # Outputs made from Python values alone that share memory (z = torch.zeros(3); return z, z[1:]) were
-        # traced as separate constants: the caller's write into one would not reach the other. Trace again,
-        # recording the tensor factories, so the graph computes the views from one tensor, as eager does.
-        if not tracer.record_factories and _returned_constants_share_memory(graph, tracer.attrs, attributes):
-            log.info("relational: outputs made without a traced value share memory; tracing again to record "
-                     "the tensor factories")
-            _set_generator_states(generators)
-            tracer = _Tracer(model, inputs, names, progress, record_random_ops=tracer.record_random_ops,
-                             record_factories=True)
-            graph = tracer.trace(model)
     stored = attributes.stored_proxy()
     if stored is not None:
         attributes.restore()
@@ -1086,7 +1084,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
     tensors = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
     constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, fx.Node)}
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
-    _copy_mutated_constants(graph, tracer.attrs, {id(tensor) for _, _, _, tensor, _ in attributes.held})
+    _copy_mutated_constants(graph, tracer.attrs, attributes.held_ids())
     tracer.node_name_to_scope.clear()   # fx's record of module scopes, unused here
     for node in graph.nodes:   # the passes read shapes only: keep those and free the values early
         if node.op != "get_attr":   # (constants keep theirs: the passes compare them)
@@ -1140,6 +1138,10 @@ class _Attributes:
                     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
                         if isinstance(item, torch.Tensor) and id(item) not in registered:
                             self.held.append((module, name, key, item, _version(item)))
+
+    def held_ids(self) -> set[int]:
+        """The ids of the tensors held (graph constants that are the model's own, returned as themselves)."""
+        return {id(tensor) for _, _, _, tensor, _ in self.held}
 
     def changed(self, scalars: bool = True) -> tuple[str, str] | None:
         """(the first attribute replaced or changed in place since, as ``"Model.adj"``; how), or None."""
@@ -1205,10 +1207,9 @@ _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 _WHOLE = object()
 
 
-def _returned_constants_share_memory(graph: fx.Graph, attrs: dict[str, torch.Tensor], attributes) -> bool:
+def _returned_constants_share_memory(graph: fx.Graph, attrs: dict[str, torch.Tensor], held: set[int]) -> bool:
     """Whether two outputs read (views of) two different constants of the graph that share memory, both
-    made in ``forward`` (tensors the model holds are left out: they are returned as themselves)."""
-    held = {id(tensor) for _, _, _, tensor, _ in attributes.held}
+    made in ``forward`` (tensors the model holds, ``held`` by id, are left out: they are returned as themselves)."""
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     storages: dict[int, str] = {}   # storage address -> the constant read there first
     for leaf in output.all_input_nodes:
