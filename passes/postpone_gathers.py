@@ -48,11 +48,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     while changed:
         changed = False
         for node in list(gm.graph.nodes):
-            gather = as_gather(gm, node)
-            if gather is None or gather.reduces or rows(gather.base) is None:
+            gather = _postponable(gm, node)
+            if gather is None:
                 continue
             for user in list(node.users):
-                if _movable(gather, user):
+                if _row_wise_in(user, node):
                     _move_below(gm, gather, user)
                     moved += 1
                     changed = True
@@ -64,9 +64,8 @@ def sites(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
     """Every ``(gather, row-wise user)`` pair that :func:`apply` can move."""
     found = []
     for node in gm.graph.nodes:
-        gather = as_gather(gm, node)
-        if gather is not None and not gather.reduces and rows(gather.base) is not None:
-            found += [(node, user) for user in node.users if _movable(gather, user)]
+        if _postponable(gm, node) is not None:
+            found += [(node, user) for user in node.users if _row_wise_in(user, node)]
     return found
 
 
@@ -111,9 +110,13 @@ def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
     return unary and not any(isinstance(a, fx.Node) for a in rest)
 
 
-def _movable(gather, user: fx.Node) -> bool:
-    """``user`` is row-wise in the gather's rows, and the gather reads every row of its base."""
-    return _row_wise_in(user, gather.node) and bool(torch.bincount(gather.index, minlength=rows(gather.base)).all())
+def _postponable(gm: fx.GraphModule, node: fx.Node):
+    """The gather ``node`` is, if its row-wise users may move above it: one that reads rows without reducing
+    them and reads every row of its base, so that a moved ``f`` runs on exactly the rows eager gives it."""
+    gather = as_gather(gm, node)
+    if gather is None or gather.reduces or rows(gather.base) is None:
+        return None
+    return gather if bool(torch.bincount(gather.index, minlength=rows(gather.base)).all()) else None
 
 
 def _move_below(gm: fx.GraphModule, gather, user: fx.Node) -> None:
