@@ -42,7 +42,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
                 progress: CompileProgress = NO_PROGRESS) -> tuple[fx.GraphModule, GraphReport]:
     """Run the grouping pipeline on a Dynamo graph; returns the grouped graph and its report."""
     from dynamo_relational.passes import OPTIONAL_PASSES, PIPELINE, PassContext
-    from dynamo_relational.passes.distinct_outputs import output_aliases
+    from dynamo_relational.passes.distinct_outputs import expose_bases, hide_bases, output_aliases
 
     ctx = PassContext(options, detailed=detailed or options.dump_dir is not None,
                       output_aliases=output_aliases(gm.graph))
@@ -53,6 +53,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         dump.write("input", before_code)
     if not options.grouping:
         return gm, GraphReport.from_context(ctx, nodes_before, nodes_before, before_code, before_code)
+    expose_bases(gm, ctx.output_aliases)   # values that returned views share: kept by every pass
     for name, run_pass in PIPELINE:
         if name in options.disable:
             continue
@@ -78,6 +79,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         progress.step()
         if dump:
             dump.write(name, gm.print_readable(print_output=False))
+    hide_bases(gm, ctx.output_aliases)   # where distinct_outputs did not run
     _name_segment_provider(gm, options, ctx.stats)
     after_code = gm.print_readable(print_output=False) if ctx.detailed else ""
     report = GraphReport.from_context(ctx, nodes_before, len(gm.graph.nodes), before_code, after_code)
@@ -199,9 +201,11 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
     is given), for ``inputs``' sizes; then the executor choice between that code and ``gm`` itself."""
     from torch._inductor.compile_fx import compile_fx
 
+    from .output_views import compile_with_views_outside
+
     start = time.perf_counter()
     with without_autograd_cache_if_tagged(gm), inductor_mode(options.mode):
-        fn = compile_fx(_copy(gm), list(inputs))
+        fn = compile_with_views_outside(compile_fx, _copy(gm), list(inputs))
     report.add_time("inductor", start)
     return choose_executor(fn, gm, inputs, options, report, grad)
 

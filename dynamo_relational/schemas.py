@@ -199,10 +199,12 @@ def _inductor_with_tags(recompute: Sequence[tuple[Any, int, Any]], mode: str | N
     """Inductor (in ``mode``) as a Dynamo backend, on the graph with its recompute tags restored."""
     from torch._inductor.compile_fx import compile_fx
 
+    from .output_views import compile_with_views_outside
+
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         gm = retag(gm, recompute)
         with without_autograd_cache_if_tagged(gm), inductor_mode(mode):
-            return compile_fx(gm, example_inputs)
+            return compile_with_views_outside(compile_fx, gm, example_inputs)
 
     return backend
 

@@ -21,14 +21,18 @@ pipeline this pass
   copy of each *root* it now shares with another class or with an input
   (a root: a computed tensor or an input whose memory a value may share,
   followed back through views, casts, ``detach``, in-place ops and
-  ``getitem``), its outputs the same views of the copy as of the root.
+  ``getitem`` to the tensor they view, not to an index tensor), its outputs
+  the same views of the copy as of the root.
+
+Outputs that eager computes by views of one computed value that it does not
+return (``h[0]`` and ``h.view(-1)`` of a stack ``h``) are views of another
+output once that value is returned too: :func:`expose_bases` adds each such
+*base* to the outputs before the first pass, so that the passes keep its value,
+and this pass replays the views on it and drops it from the outputs again.
 
 Legal because a clone has the root's value and gradient and the views are
 recomputed exactly. Costs a copy per separated root; most graphs have one
-fresh output and get none. Left as it is: sharing that grouping removed
-between outputs that are views of one computed value that is not itself an
-output (``h[0]`` and ``h[1]`` of a stack ``h`` that is not returned): eager's
-writes into one reach the other where their elements overlap, ours may not.
+fresh output and get none.
 """
 from __future__ import annotations
 
@@ -62,8 +66,11 @@ class OutputAliases:
     classes: tuple[int, ...]
     #: per output position: a graph computing it by views from inputs alone (``x[0]``, ``x.t()``), or None
     input_views: tuple[fx.Graph | None, ...]
-    #: per output position: ``(q, graph)``, the graph computing it by views from output ``q``'s value, or None
+    #: per output position: ``(q, graph)``, the graph computing it by views from output ``q``'s value, or None;
+    #: ``q`` may be the position of a base, after the outputs
     output_views: tuple[tuple[int, fx.Graph] | None, ...]
+    #: computed values that eager does not return but two or more outputs are views of (:func:`expose_bases`)
+    bases: tuple[fx.Node, ...] = ()
 
 
 def may_alias(node: fx.Node) -> bool:
@@ -88,12 +95,21 @@ def _roots(value, memo: dict) -> frozenset:
         elif node.op in _INPUTS or not may_alias(node):
             memo[node] = frozenset({node})
         else:
-            pending = [a for a in node.all_input_nodes if a not in memo]
+            operands = _aliased_operands(node)
+            pending = [a for a in operands if a not in memo]
             if pending:
                 stack.extend(pending)
             else:
-                memo[node] = frozenset().union(*(memo[a] for a in node.all_input_nodes))
+                memo[node] = frozenset().union(*(memo[a] for a in operands))
     return memo[value]
+
+
+def _aliased_operands(node: fx.Node) -> list[fx.Node]:
+    """The operands whose memory the result of ``node`` (:func:`may_alias`) may share: a view's first operand,
+    the tensor it views (not the index of ``h[index]``); any operand of a module or an in-place op (``out=``)."""
+    if node.op != "call_module" and not is_in_place(node) and node.args and isinstance(node.args[0], fx.Node):
+        return [node.args[0]]
+    return node.all_input_nodes
 
 
 _INPUTS = ("placeholder", "get_attr")
@@ -126,23 +142,28 @@ def _classes(roots: list[frozenset]) -> tuple[int, ...]:
     return tuple(find(p) for p in range(len(roots)))
 
 
-def _view_chain(value: fx.Node, roots: frozenset) -> fx.Graph | None:
-    """A graph computing ``value`` from its input roots by the same views, if only views lead there."""
+def _view_chain(value: fx.Node) -> fx.Graph | None:
+    """A graph computing ``value`` from inputs by the same views (``x[0]``, ``x[index]``), if only views
+    lead there."""
     order, done, stack = [], set(), [(value, False)]   # the chain's nodes, inputs first (a post-order walk)
+    reached = {}   # the inputs it reads, as a dict for a deterministic order
     while stack:
         node, expanded = stack.pop()
-        if node in done or node.op in _INPUTS:
+        if node.op in _INPUTS:
+            reached[node] = None
+            continue
+        if node in done:
             continue
         if expanded:
             done.add(node)
             order.append(node)
             continue
-        if node.op == "call_module" or is_in_place(node):
+        if node.op == "call_module" or is_in_place(node) or not may_alias(node) or draws_random_numbers(node):
             return None
         stack.append((node, True))
         stack.extend((a, False) for a in node.all_input_nodes)
     graph, env = fx.Graph(), {}
-    for root in roots:
+    for root in reached:
         env[root] = graph.placeholder(f"{root.op}_{root.target}".replace(".", "_"))
         env[root].meta["input"] = (root.op, root.target)
     for node in order:
@@ -157,7 +178,7 @@ def _view_of_output(values: list, p: int, first: dict) -> tuple[int, fx.Graph] |
     computes it from a placeholder for that value; else None. (The farthest: ``values[q]`` is then no view
     of another output, so replaying the views from it needs no other output replayed first.)"""
     chain, node, found = [], values[p], None
-    while isinstance(node, fx.Node) and _replayable_view(node):
+    while isinstance(node, fx.Node) and replayable_view(node):
         chain.append(node)
         node = node.args[0]
         q = first.get(node)
@@ -177,12 +198,19 @@ def _view_of_output(values: list, p: int, first: dict) -> tuple[int, fx.Graph] |
     return q, graph
 
 
-def _replayable_view(node: fx.Node) -> bool:
+def replayable_view(node: fx.Node) -> bool:
     """A view of its first argument, the only node it reads, that running again changes nothing else
     (not an in-place op, not dropout in training, which would draw random numbers)."""
     inputs = node.all_input_nodes
     return node.op in ("call_function", "call_method") and may_alias(node) and not is_in_place(node) \
         and len(inputs) == 1 and bool(node.args) and node.args[0] is inputs[0] and not draws_random_numbers(node)
+
+
+def view_base(value):
+    """The value that ``value`` is computed from by :func:`replayable_view` views; ``value`` itself if none."""
+    while isinstance(value, fx.Node) and replayable_view(value):
+        value = value.args[0]
+    return value
 
 
 #: ``view`` replayed on a value whose layout may differ from eager's: ``reshape`` views where it can
@@ -194,21 +222,61 @@ def output_aliases(graph: fx.Graph) -> OutputAliases:
     memo: dict = {}
     _, values = _outputs(graph)
     roots = [_roots(v, memo) for v in values]
-    views = tuple(_view_chain(v, rs) if rs and all(r.op in _INPUTS for r in rs) else None
+    views = tuple(_view_chain(v) if rs and all(r.op in _INPUTS for r in rs) else None
                   for v, rs in zip(values, roots))
     first: dict = {}   # output node -> its first position
     for p, value in enumerate(values):
         if isinstance(value, fx.Node):
             first.setdefault(value, p)
-    of_outputs = tuple(_view_of_output(values, p, first) if views[p] is None else None for p in range(len(values)))
-    return OutputAliases(tuple(_input_keys(rs) for rs in roots), _classes(roots), views, of_outputs)
+    of_outputs = [_view_of_output(values, p, first) if views[p] is None else None for p in range(len(values))]
+    bases = _bases(values, [p for p, (v, o) in enumerate(zip(views, of_outputs)) if v is None and o is None], first)
+    if bases:   # the outputs that are views of them are views of outputs once the bases are outputs too
+        extended = values + bases
+        first.update((base, len(values) + k) for k, base in enumerate(bases))
+        of_outputs = [link or (None if views[p] is not None else _view_of_output(extended, p, first))
+                      for p, link in enumerate(of_outputs)]
+    return OutputAliases(tuple(_input_keys(rs) for rs in roots), _classes(roots), views, tuple(of_outputs),
+                         tuple(bases))
+
+
+def _bases(values: list, positions: list[int], first: dict) -> list[fx.Node]:
+    """The computed tensors, not outputs, that two or more of the outputs at ``positions`` are views of."""
+    viewed: dict = {}   # base -> how many outputs are views of it
+    for p in positions:
+        node = view_base(values[p])
+        if node is not values[p] and node not in first and node.op not in _INPUTS and tensor_info(node) is not None:
+            viewed[node] = viewed.get(node, 0) + 1
+    return [base for base, count in viewed.items() if count > 1]
+
+
+def expose_bases(gm: fx.GraphModule, aliases: OutputAliases) -> None:
+    """Add ``aliases.bases`` to ``gm``'s outputs, after eager's, so that every pass keeps their values; ``run``
+    (or :func:`hide_bases`) drops them again."""
+    if aliases.bases:
+        output, values = _outputs(gm.graph)
+        _set_outputs(output, values + list(aliases.bases))
+        gm.recompile()
+
+
+def hide_bases(gm: fx.GraphModule, aliases: OutputAliases) -> None:
+    """Undo :func:`expose_bases` where ``run`` did not (a pipeline that stopped early)."""
+    output, values = _outputs(gm.graph)
+    extra = len(values) - len(aliases.inputs)
+    if aliases.bases and extra == len(aliases.bases):
+        _set_outputs(output, values[:-extra])
+        gm.recompile()
+
+
+def _set_outputs(output: fx.Node, values: list) -> None:
+    structure = output.args[0]
+    output.args = (type(structure)(values) if isinstance(structure, (list, tuple)) else values[0],)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     before = ctx.output_aliases
     graph = gm.graph
     output, values = _outputs(graph)
-    if before is None or len(values) != len(before.inputs):
+    if before is None or len(values) != len(before.inputs) + len(before.bases):
         return gm
     inputs = {(n.op, n.target): n for n in graph.nodes if n.op in _INPUTS}
     changed = cloned = 0
@@ -226,6 +294,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             with graph.inserting_before(output):
                 values[p] = graph.graph_copy(chain, {next(iter(chain.nodes)): values[q]})
             changed += 1
+    if before.bases:   # replayed on: no longer outputs
+        del values[len(before.inputs):]
+        changed += 1
     # Every other class of outputs gets its own copy of each root it shares with another class, or of an input
     # its eager outputs did not share memory with; its outputs become the views of that copy they were of the root.
     memo: dict = {}
@@ -250,8 +321,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                     values[p] = rebuilt(values[p])
                 cloned += 1
     if changed or cloned:
-        structure = output.args[0]
-        output.args = (type(structure)(values) if isinstance(structure, (list, tuple)) else values[0],)
+        _set_outputs(output, values)
         gm.recompile()
     if cloned:
         ctx.stats["outputs_cloned"] = cloned

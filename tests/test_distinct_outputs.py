@@ -218,3 +218,99 @@ def test_outputs_made_from_python_values_share_memory_as_in_eager_in_the_fast_fr
             got[1].add_(1)
             want[1].add_(1)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class ViewsOfAValueNotReturned(nn.Module):
+    """Outputs that are overlapping views of computed values that are not returned themselves: ``h``'s rows
+    and ``g``'s flattening. Grouping made each view a tensor of its own."""
+
+    def forward(self, x):
+        h = torch.stack([x[i] * 2 for i in range(3)])
+        g = torch.stack([x[0] + x[1], x[1] * 3, x[2] - 1])
+        return h[0], h.view(-1), g[0], g.view(-1), h[1:3], x[0] * 4
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("inductor", [False, True])
+def test_views_of_a_value_not_returned_see_each_others_writes_as_in_eager(front_end, inductor):
+    model = ViewsOfAValueNotReturned()
+    x = torch.randn(3, 2, dtype=torch.float64)
+    compiled, _ = _compile(front_end, model, x, inductor=inductor)
+    for written in range(6):
+        with torch.no_grad():
+            got, want = list(compiled(x)), list(model(x))
+            got[written].add_(1)
+            want[written].add_(1)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"after writing into output {written}")
+
+
+class RowsOfAGatheredValue(nn.Module):
+    """A row of ``h`` and its ``detach()``, which share memory in eager, beside a view of another stack
+    that grouping stacks with ``h``: the copy that separates the two classes must keep the pair one tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64))
+
+    def forward(self, x):
+        h = torch.stack([x[0] * self.w])
+        g = torch.stack([x[0] + 1])
+        row = h[0]
+        return g.view(-1), row, row.detach(), g[0]
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_an_output_and_its_detached_view_stay_one_tensor_when_their_class_gets_a_copy(front_end):
+    model = RowsOfAGatheredValue()
+    x = torch.randn(1, 3, dtype=torch.float64)
+    compiled, _ = _compile(front_end, model, x, inductor=False)
+    for written in range(4):
+        with torch.no_grad():
+            got, want = list(compiled(x)), list(model(x))
+            got[written].add_(1)
+            want[written].add_(1)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"after writing into output {written}")
+
+
+class ARowAndItsDetachedView(nn.Module):
+    """``r = g[0]`` and ``r.detach()`` returned beside a stack that grouping puts in one tensor with ``g``: AOT
+    autograd replayed the detached view's recorded views on the wrong base ("shape '[2, 3, 3]' is invalid for
+    input of size 3")."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64))
+
+    def forward(self, x):
+        g = torch.stack([x[j] + 1 for j in range(3)])
+        row = g[0]
+        return row, row.detach(), self.w, torch.stack([x[j] * self.w for j in range(3)])
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_outputs_that_are_views_are_taken_outside_inductors_code_as_in_eager(front_end):
+    model = ARowAndItsDetachedView()
+    x = torch.randn(3, 3, dtype=torch.float64)
+    compiled, _ = _compile(front_end, model, x, inductor=True, autotune=False)
+    for written in (0, 1, 3):
+        with torch.no_grad():
+            got, want = list(compiled(x)), list(model(x))
+            got[written].add_(1)
+            want[written].add_(1)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=f"after writing into output {written}")
+
+
+def test_a_pipeline_that_stops_early_returns_eagers_outputs_without_the_bases_it_kept(monkeypatch):
+    """``expose_bases`` adds ``h`` and ``g`` to the outputs before the first pass; a required pass that fails
+    stops the pipeline before ``distinct_outputs`` drops them, so the backend drops them itself."""
+    import dynamo_relational.passes as passes
+
+    def broken(gm, ctx):
+        raise RuntimeError("broken pass")
+
+    monkeypatch.setattr(passes, "PIPELINE", tuple((name, broken if name == "grouping" else fn)
+                                                  for name, fn in passes.PIPELINE))
+    model, x = ViewsOfAValueNotReturned(), torch.randn(3, 2, dtype=torch.float64)
+    compiled, report = _compile("fast", model, x, inductor=False, strict=False)
+    assert report.stats["error"] == "pass grouping failed; graph compiled ungrouped"
+    assert len(compiled(x)) == len(model(x)) == 6

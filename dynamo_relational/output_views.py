@@ -1,0 +1,76 @@
+"""Outputs that are views are taken outside the compiled code.
+
+AOT autograd returns an output that is a view of an intermediate, or of
+another output, by replaying a recorded sequence of views on a base it picks,
+and in torch 2.13 it picks the wrong base in some graphs: ``r = h[0]``
+returned with ``r.detach()`` failed with "shape '[2, 3, 3]' is invalid for
+input of size 3". The grouped graph's outputs are often such views
+(``passes/distinct_outputs.py`` replays eager's views on purpose). So Inductor
+compiles the graph up to the views' bases, and the views are taken from its
+results in Python: the same ops as eager's, on the tensors they view.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from dynamo_relational.passes.distinct_outputs import replayable_view, view_base
+
+
+def compile_with_views_outside(compile_fn: Callable, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    """``compile_fn(graph, example_inputs)`` (Inductor's ``compile_fx``) on ``gm``, or where outputs of ``gm`` are
+    views, on a copy that returns their bases instead; the returned callable then takes the views, as ``gm``
+    does."""
+    split = _split(gm)
+    if split is None:
+        return compile_fn(gm, example_inputs)
+    core, views = split
+    compiled = compile_fn(core, example_inputs)
+    take = views.forward   # bound: skips nn.Module.__call__ on every call
+
+    def run(*args):
+        return take(*compiled(*args), *args)
+    return run
+
+
+def _split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule] | None:
+    """``(core, views)``: ``core`` computes ``gm``'s outputs that are not views, then the computed bases of
+    those that are; ``views(*core's outputs, *gm's inputs)`` gives ``gm``'s outputs. None where no output
+    is a view (or the outputs are no flat sequence)."""
+    graph = gm.graph
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    values = output.args[0]
+    if not isinstance(values, (list, tuple)) or not any(isinstance(v, fx.Node) and replayable_view(v)
+                                                        for v in values):
+        return None
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    returned: dict = {}   # node -> its position among core's outputs
+    for value in values:
+        base = view_base(value)
+        if isinstance(base, fx.Node) and base.op != "placeholder":
+            returned.setdefault(base, len(returned))
+
+    core_graph = fx.Graph()
+    env: dict = {}
+    for node in graph.nodes:
+        if node.op != "output":
+            env[node] = core_graph.node_copy(node, env.__getitem__)
+    core_graph.output(tuple(env[node] for node in returned))
+    core = fx.GraphModule(gm, core_graph)
+
+    views_graph = fx.Graph()
+    env = {node: views_graph.placeholder(f"base_{k}") for node, k in returned.items()}
+    env.update((node, views_graph.placeholder(f"input_{i}")) for i, node in enumerate(placeholders))
+
+    def taken(value):
+        if not isinstance(value, fx.Node):
+            return value
+        copy = env.get(value)
+        if copy is None:   # a view: of its operand, taken first
+            copy = env[value] = views_graph.node_copy(value, taken)
+        return copy
+
+    views_graph.output(type(values)(taken(v) for v in values))
+    return core, fx.GraphModule(torch.nn.Module(), views_graph)
