@@ -240,11 +240,11 @@ def output_aliases(graph: fx.Graph) -> OutputAliases:
 
 
 def _bases(values: list, positions: list[int], first: dict) -> list[fx.Node]:
-    """The computed tensors, not outputs, that two or more of the outputs at ``positions`` are views of."""
-    viewed: dict = {}   # base -> how many outputs are views of it
-    for p in positions:
-        node = view_base(values[p])
-        if node is not values[p] and node not in first and node.op not in _INPUTS and tensor_info(node) is not None:
+    """The computed tensors, not outputs, that two or more distinct outputs at ``positions`` are views of."""
+    viewed: dict = {}   # base -> how many distinct outputs are views of it
+    for value in dict.fromkeys(values[p] for p in positions if isinstance(values[p], fx.Node)):
+        node = view_base(value)
+        if node is not value and node not in first and node.op not in _INPUTS and tensor_info(node) is not None:
             viewed[node] = viewed.get(node, 0) + 1
     return [base for base, count in viewed.items() if count > 1]
 
@@ -287,12 +287,16 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 values[p] = graph.graph_copy(chain, {n: inputs[n.meta["input"]] for n in chain.nodes
                                                      if n.op == "placeholder"})
             changed += 1
-    # Outputs that are views of another output in eager: the same views of that output's value.
+    # Outputs that are views of another output in eager: the same views of that output's value (once for a
+    # value returned twice, which stays one tensor).
+    replayed: dict = {}
     for p, link in enumerate(before.output_views):
         if link is not None:
             q, chain = link
-            with graph.inserting_before(output):
-                values[p] = graph.graph_copy(chain, {next(iter(chain.nodes)): values[q]})
+            if values[p] not in replayed:
+                with graph.inserting_before(output):
+                    replayed[values[p]] = graph.graph_copy(chain, {next(iter(chain.nodes)): values[q]})
+            values[p] = replayed[values[p]]
             changed += 1
     if before.bases:   # replayed on: no longer outputs
         del values[len(before.inputs):]

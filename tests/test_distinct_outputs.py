@@ -314,3 +314,25 @@ def test_a_pipeline_that_stops_early_returns_eagers_outputs_without_the_bases_it
     compiled, report = _compile("fast", model, x, inductor=False, strict=False)
     assert report.stats["error"] == "pass grouping failed; graph compiled ungrouped"
     assert len(compiled(x)) == len(model(x)) == 6
+
+
+class ARowReturnedTwice(nn.Module):
+    """``r = h[0]`` returned twice beside other views of ``h``, which is not returned; also in a nested list."""
+
+    def forward(self, x):
+        h = torch.stack([x[i] * 2 for i in range(3)])
+        r = h[0]
+        return r, r, [h[1], h.view(-1)]
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_a_view_returned_twice_is_one_tensor_as_in_eager(front_end):
+    model, x = ARowReturnedTwice(), torch.randn(3, 2, dtype=torch.float64)
+    compiled = dynamo_relational.compile(model, [x], inductor=False, strict=True) if front_end == "fast" else \
+        torch.compile(model, backend="relational", options=dict(inductor=False, strict=True))
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+        assert (got[0] is got[1]) and (want[0] is want[1])
+        got[2][0].add_(1)
+        want[2][0].add_(1)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
