@@ -229,14 +229,22 @@ def output_aliases(graph: fx.Graph) -> OutputAliases:
         if isinstance(value, fx.Node):
             first.setdefault(value, p)
     of_outputs = [_view_of_output(values, p, first) if views[p] is None else None for p in range(len(values))]
+    of_outputs = _once_per_node(values, of_outputs, first)
     bases = _bases(values, [p for p, (v, o) in enumerate(zip(views, of_outputs)) if v is None and o is None], first)
     if bases:   # the outputs that are views of them are views of outputs once the bases are outputs too
         extended = values + bases
         first.update((base, len(values) + k) for k, base in enumerate(bases))
-        of_outputs = [link or (None if views[p] is not None else _view_of_output(extended, p, first))
-                      for p, link in enumerate(of_outputs)]
+        of_outputs = _once_per_node(values, [link or (None if views[p] is not None else
+                                                      _view_of_output(extended, p, first))
+                                             for p, link in enumerate(of_outputs)], first)
     return OutputAliases(tuple(_input_keys(rs) for rs in roots), _classes(roots), views, tuple(of_outputs),
                          tuple(bases))
+
+
+def _once_per_node(values: list, links: list, first: dict) -> list:
+    """``links`` with each position of an output node returned more than once given its first position's link
+    (one chain: ``run`` replays it once, so the positions stay one tensor, as in eager)."""
+    return [links[first[v]] if isinstance(v, fx.Node) else link for v, link in zip(values, links)]
 
 
 def _bases(values: list, positions: list[int], first: dict) -> list[fx.Node]:
@@ -289,14 +297,14 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             changed += 1
     # Outputs that are views of another output in eager: the same views of that output's value (once for a
     # value returned twice, which stays one tensor).
-    replayed: dict = {}
+    replayed: dict = {}   # chain -> its result: an eager output returned twice has one chain
     for p, link in enumerate(before.output_views):
         if link is not None:
             q, chain = link
-            if values[p] not in replayed:
+            if chain not in replayed:
                 with graph.inserting_before(output):
-                    replayed[values[p]] = graph.graph_copy(chain, {next(iter(chain.nodes)): values[q]})
-            values[p] = replayed[values[p]]
+                    replayed[chain] = graph.graph_copy(chain, {next(iter(chain.nodes)): values[q]})
+            values[p] = replayed[chain]
             changed += 1
     if before.bases:   # replayed on: no longer outputs
         del values[len(before.inputs):]

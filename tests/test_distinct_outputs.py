@@ -336,3 +336,22 @@ def test_a_view_returned_twice_is_one_tensor_as_in_eager(front_end):
         got[2][0].add_(1)
         want[2][0].add_(1)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class TwoEqualCopies(nn.Module):
+    """``t.reshape(-1)`` twice of a transposed ``t``: two copies in eager, one node after CSE."""
+
+    def forward(self, x):
+        t = torch.stack([x[i] * 2 for i in range(2)]).t()
+        return t, t.reshape(-1), t.reshape(-1)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_equal_views_of_an_output_that_cse_merged_stay_two_tensors_as_in_eager(front_end):
+    model, x = TwoEqualCopies(), torch.randn(2, 3, dtype=torch.float64)
+    compiled, _ = _compile(front_end, model, x, inductor=False)
+    with torch.no_grad():
+        got, want = list(compiled(x)), list(model(x))
+        got[1].add_(1)
+        want[1].add_(1)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
