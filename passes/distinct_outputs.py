@@ -16,7 +16,8 @@ pipeline this pass
   (``h`` and ``h.view(-1)``, where grouping made the view a row of a group of
   reshapes) by those same views of that output's value, ``view`` replayed as
   ``reshape`` (the value's layout may differ from eager's; where ``reshape``
-  must copy, the values are still right);
+  must copy, the values are still right; where eager's ``reshape`` copied but
+  ours can view, a write into the view would reach the output, unlike eager's);
 * gives every other class of outputs that share memory with each other its own
   copy of each *root* it now shares with another class or with an input
   (a root: a computed tensor or an input whose memory a value may share,
