@@ -134,15 +134,44 @@ def test_gradient_check_arbitrates_with_float64(monkeypatch, scale, passes):
 
 
 def test_compile_scale_reports_the_grouping_of_a_small_batch():
+    import dynamo_relational.passes
     from benchmarks import compile_scale
 
-    row = compile_scale.measure(2, inductor=False, repeats=2)
+    pipeline = dynamo_relational.passes.PIPELINE
+    row = compile_scale.measure(2, inductor=False, repeats=2, floor=True)
+    assert dynamo_relational.passes.PIPELINE is pipeline   # the floor's extra pass is gone again
     assert row["repeats"] == 2 and row["nodes_before"] > 10 * row["nodes_after"]
     assert row["passes_s"] > 0 and row["trace_s"] > 0 and row["peak_added_mb"] >= 0
     assert row["max_abs_diff"] < 1e-5
-    # the per-pass times add up to the passes' (medians of two compiles are means: they add up too)
+    # the per-pass times add up to the passes' (medians of two compiles are means: they add up too), the
+    # floor's time apart
     parts = [row[f"{name}_s"] for name in compile_scale.REQUIRED_PASSES] + [row["optimizer_s"]]
     assert all(t > 0 for t in parts[:6]) and sum(parts) == pytest.approx(row["passes_s"])
+    assert row["floor_s"] > 0
+    floor = row["floor_counts"]   # read on the traced graph: the products W @ h[u] repeat per edge
+    assert floor["nodes"] == row["nodes_before"] and floor["distinct"] < floor["nodes"] and floor["sums"] > 0
+
+
+def test_pass_floor_merges_duplicates_and_sums_and_leaves_the_graph_as_it_is():
+    from benchmarks import pass_floor
+    from dynamo_relational import Options
+    from dynamo_relational.passes import PassContext
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(3, 3))
+
+        def forward(self, x):
+            return torch.relu(self.w @ x[0] + self.w @ x[0] + self.w @ x[1])
+
+    gm = torch.fx.symbolic_trace(Model())
+    code = gm.code
+    ctx = PassContext(Options())
+    assert pass_floor.run(gm, ctx) is gm and gm.code == code and len(gm.graph.nodes) == 12
+    # x[0] and its product, written twice, are one value each; (a + a) + b is one sum of three terms; the two
+    # rows and their products share a level and a signature: x, w, rows, products, two additions, relu, output
+    assert ctx.stats["floor"] == dict(nodes=12, distinct=10, sums=1, absorbed=1, groups=8)
 
 
 def test_recurrent_benchmark_measures_a_chain_against_eager():
