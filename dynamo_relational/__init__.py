@@ -6,6 +6,7 @@ Inductor. See README.md.
 """
 from .errors import OptionsError, RelationalError
 from .logs import configure_from_env as _configure_logging
+from .batching import batch
 from .explain import explain
 from .frontend import compile
 from .options import Options
@@ -14,4 +15,4 @@ from .report import GraphReport, Report
 _configure_logging()
 
 __version__ = "0.1.0"
-__all__ = ["compile", "explain", "Options", "Report", "GraphReport", "RelationalError", "OptionsError"]
+__all__ = ["compile", "batch", "explain", "Options", "Report", "GraphReport", "RelationalError", "OptionsError"]

@@ -1015,8 +1015,36 @@ def _refuse_unrecorded_hooks(model: nn.Module) -> None:
                             "torch.compile(model, backend=\"relational\"), which runs them.")
 
 
+@dataclass
+class Trace:
+    """An ungrouped graph recorded by :func:`trace`, flattened outputs and what the grouping needs of it."""
+    graph: fx.GraphModule
+    #: the structure of ``forward``'s result; the graph's output lists its tensor leaves
+    out_spec: pytree.TreeSpec
+    #: output leaves that are not tensors (constants), by leaf position
+    constants: dict[int, Any]
+    #: seconds spent tracing and computing the nodes' values
+    seconds: float
+    value_seconds: float
+
+
 def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str], options: Options,
                      detailed: bool, progress: CompileProgress) -> _Traced:
+    traced = trace(model, inputs, names, progress)
+    with _gc_paused():
+        gm, report = group_graph(traced.graph, options, detailed, progress)
+    for node in gm.graph.nodes:   # the values were only needed for shapes; free them
+        node.meta.pop("example_value", None)
+    report.timings = {"trace": traced.seconds - traced.value_seconds, "values": traced.value_seconds,
+                      **report.timings}
+    # (after the trace: forward may set scalar attributes, say a cached size, which the graph does not change)
+    return _Traced(gm, report, traced.out_spec, traced.constants, attributes=_Attributes(model))
+
+
+def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
+          progress: CompileProgress = NO_PROGRESS) -> Trace:
+    """``model`` called on ``inputs`` (placeholders named ``names``), recorded as an ungrouped graph whose
+    nodes carry their shapes (``meta["rel_info"]``); see the module docstring for the contract."""
     start = time.perf_counter()
     _refuse_unrecorded_hooks(model)
     names = [n.replace("[", "_").replace("]", "") for n in names]
@@ -1092,16 +1120,7 @@ def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Se
             node.meta.pop("example_value", None)
     # lazy: Python code for the ungrouped graph (tens of thousands of lines) is never needed
     gm = _LazyGraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
-    trace_seconds = time.perf_counter() - start
-
-    with _gc_paused():
-        gm, report = group_graph(gm, options, detailed, progress)
-    for node in gm.graph.nodes:   # the values were only needed for shapes; free them
-        node.meta.pop("example_value", None)
-    report.timings = {"trace": trace_seconds - tracer.value_seconds, "values": tracer.value_seconds,
-                      **report.timings}
-    # (after the trace: forward may set scalar attributes, say a cached size, which the graph does not change)
-    return _Traced(gm, report, out_spec, constants, attributes=_Attributes(model))
+    return Trace(gm, out_spec, constants, time.perf_counter() - start, tracer.value_seconds)
 
 
 class _Attributes:

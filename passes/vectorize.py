@@ -56,6 +56,9 @@ class GroupBuilder:
         #: gathers from several sources whose concatenation would copy too much read each source's rows
         #: first (set for the group being emitted; see :func:`_small_group_form`)
         self.gather_by_source = False
+        #: whether the group being emitted gathered an operand (a group of one that did not computes one value,
+        #: not a row, and stays as it is)
+        self.gathered = False
 
     # values --------------------------------------------------------------
     def value(self, node):
@@ -71,14 +74,16 @@ class GroupBuilder:
         return new
 
     def slot(self, nodes: list) -> tuple[fx.Node | None, bool]:
-        """One operand position over all members: (shared value, False) or (gathered rows, True)."""
+        """One operand position over all members: (shared value, False) or (gathered rows, True). The one
+        member of a group of one reads a row of a group as a row (its result is a group of one row)."""
         first = nodes[0]
-        if all(n is first for n in nodes):
+        if all(n is first for n in nodes) and (len(nodes) > 1 or first not in self.rows):
             return self.value(first), False
         return self.gather(nodes), True
 
     def gather(self, nodes: list[fx.Node]) -> fx.Node:
         """A ``[len(nodes), *shape]`` tensor whose row ``i`` is the value of ``nodes[i]``."""
+        self.gathered = True
         pairs = tuple(self._source(n) for n in nodes)
         cached = self._gathers.get(pairs)
         if cached is None:
@@ -89,6 +94,7 @@ class GroupBuilder:
     def rows_of(self, nodes: list[fx.Node]) -> tuple[fx.Node, list[int]]:
         """``(base, rows)`` with ``base[rows[i]]`` the value of ``nodes[i]``, without emitting the gather
         (for kernels that gather while they compute)."""
+        self.gathered = True
         base, rows = self._base_rows(tuple(self._source(n) for n in nodes))
         return self._untaken(base, rows)
 
@@ -271,15 +277,24 @@ def _may_have_effects(node: fx.Node) -> bool:
         and not is_factory(node)
 
 
+#: the meta key of a node of a union of samples (``dynamo_relational/union.py``): the sample it belongs to
+SAMPLE = "rel_sample"
+#: the meta key of a group node of such a union: the sample of each row
+ROW_SAMPLES = "rel_row_samples"
+#: the meta key of a union's output (the samples' results stacked): always one gather, never row reads
+JOINED_OUTPUT = "rel_joined_output"
+
+
 def _unique_members(ops):
     """Members with distinct (operands, consts); duplicates compute the same value, except dropouts in
-    training (the ``group_dropout`` option), which draw a mask each."""
+    training (the ``group_dropout`` option), which draw a mask each. Members of different samples of a
+    union stay apart: each row belongs to one sample."""
     if draws_random_numbers(ops[0].node):
         return ops, list(range(len(ops)))
     first: dict = {}
     unique, row_of = [], []
     for op in ops:
-        key = (op.operands, op.consts)
+        key = (op.operands, op.consts, op.node.meta.get(SAMPLE))
         if key not in first:
             first[key] = len(unique)
             unique.append(op)
@@ -318,14 +333,18 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         if ops is not None:
             unique, row_of = _unique_members(ops)
             form = "group" if len(unique) >= min_size else _small_group_form(unique, b)
+            if form is None and JOINED_OUTPUT in unique[0].node.meta:
+                form = "gather by source"
             if form is not None:
-                b.gather_by_source = form == "gather by source"
+                b.gather_by_source, b.gathered = form == "gather by source", False
                 new = unique[0].family.emit(unique, b)
                 b.gather_by_source = False
-                if new is not None:
+                if new is not None and (len(unique) > 1 or b.gathered):
                     b.size[new] = len(unique)
                     info = unique[0].info
                     new.meta["rel_info"] = TensorInfo((len(unique), *info.shape), info.dtype, info.device)
+                    if SAMPLE in unique[0].node.meta:
+                        new.meta[ROW_SAMPLES] = [op.node.meta.get(SAMPLE) for op in unique]
                     for op, row in zip(ops, row_of):
                         b.rows[op.node] = (new, row)
                     vectorized += 1

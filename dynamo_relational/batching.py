@@ -1,0 +1,364 @@
+"""``dynamo_relational.batch``: a model written for one sample, run over mini-batches of samples whose
+structures differ (parse trees, molecules, grounded networks).
+
+    batched = dynamo_relational.batch(model)
+    outputs = batched([(tree, tokens), (tree2, tokens2), ...])   # one argument tuple per sample
+
+Each distinct sample **structure** is traced once (the fast front-end's tracer)
+and rewritten on its own (:data:`dynamo_relational.union.SAMPLE_PASSES`). The
+structures seen are grouped together as one union
+(:mod:`dynamo_relational.union`), and every batch whose structures that union
+holds runs the union's grouped graph restricted to the batch's samples
+(:mod:`dynamo_relational.row_plan`): a few vectorized index operations per
+index tensor, no tracing, no passes, no compiling.
+
+When a batch brings structures that no union holds, they are traced, and the
+batch runs a union of its own structures (grouped once for it). When a batch
+of known structures spans several unions, the structures are grouped again as
+one union, which then serves every batch: usually once, when the second epoch
+begins.
+
+A sample's structure is everything of its arguments except the values of its
+tensors: the Python objects (compared by value, recursively through lists,
+tuples, dicts and the attributes of plain objects) and the tensors' shapes,
+dtypes and devices (:func:`fingerprint`). ``key=`` replaces that with a
+function of the sample; two samples with equal keys must have the same
+structure. Tensors are the samples' inputs where they are arguments, or items
+of lists, tuples and dicts among them; a tensor inside another object would be
+frozen into the trace, and is refused.
+
+Where the union cannot be restricted (an op that mixes rows of samples, a
+per-sample value the analysis cannot place), the reason is logged once and
+the batch runs its samples one by one with the model itself.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from .backend import aten_executor
+from .frontend import FrontendError, trace
+from .options import Options
+from .progress import CompileProgress
+from .row_plan import Batch, Refused, RowPlan, analyse
+from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare
+
+log = logging.getLogger("dynamo_relational")
+
+__all__ = ["batch", "BatchedModule", "BatchReport", "fingerprint"]
+
+#: a batch of known structures outside the main union regroups all structures when they are at least
+#: this fraction of the main union's (so the main union doubles: regrouping costs O(structures) in all); else the batch groups its own
+REGROUP_FRACTION = 1.0
+
+
+def batch(model: nn.Module, *, key: Callable[..., Hashable] | None = None, **options: Any) -> "BatchedModule":
+    """``model`` (whose ``forward`` takes one sample) run over lists of samples; see the module docstring.
+
+    ``key(*sample)``, if given, names a sample's structure (default: :func:`fingerprint`). Keyword
+    options are the backend's (:class:`~dynamo_relational.Options`); ``progress`` shows a bar while
+    new samples are traced."""
+    if not isinstance(model, nn.Module):
+        raise FrontendError(f"batch expects an nn.Module, got {type(model).__name__}")
+    return BatchedModule(model, key, Options.from_mapping(options))
+
+
+@dataclass
+class BatchReport:
+    """What :class:`BatchedModule` did so far."""
+    samples: int = 0
+    batches: int = 0
+    #: distinct sample structures traced
+    structures: int = 0
+    #: unions grouped (each one pass pipeline over its structures)
+    groupings: int = 0
+    #: batches that ran their samples one by one, and why (the last reason)
+    unbatched: int = 0
+    unbatched_reason: str | None = None
+    trace_seconds: float = 0.0
+    grouping_seconds: float = 0.0
+    #: per batch run from a union: seconds to key the samples and compute its index tensors
+    assembly_seconds: list[float] = field(default_factory=list)
+    #: FX nodes of the current union before and after grouping
+    union_nodes: tuple[int, int] = (0, 0)
+
+    def __str__(self) -> str:
+        assembly = sorted(self.assembly_seconds)
+        median = assembly[len(assembly) // 2] * 1e3 if assembly else float("nan")
+        lines = [
+            ("samples", self.samples), ("batches", self.batches), ("structures traced", self.structures),
+            ("unions grouped", self.groupings), ("union FX nodes before/after", "%d / %d" % self.union_nodes),
+            ("batches run one sample at a time", self.unbatched), ("tracing [s]", f"{self.trace_seconds:.2f}"),
+            ("grouping [s]", f"{self.grouping_seconds:.2f}"), ("assembly per batch, median [ms]", f"{median:.2f}"),
+        ]
+        if self.unbatched_reason:
+            lines.append(("why unbatched", self.unbatched_reason))
+        width = max(len(name) for name, _ in lines)
+        return "\n".join(f"{name:<{width}}  {value}" for name, value in lines)
+
+
+class _SampleCall(nn.Module):
+    """``model`` called on one sample whose tensors are the arguments (what the tracer records)."""
+
+    def __init__(self, model: nn.Module, sample: tuple):
+        super().__init__()
+        self.model = model
+        self.sample = sample
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        return self.model(*_substituted(self.sample, iter(tensors)))
+
+
+def _substituted(value: Any, tensors) -> Any:
+    """``value`` with its tensors (in :func:`fingerprint`'s order) replaced by the next of ``tensors``."""
+    if isinstance(value, torch.Tensor):
+        return next(tensors)
+    kind = type(value)
+    if kind in (list, tuple):
+        return kind(_substituted(item, tensors) for item in value)
+    if kind is dict:
+        return {k: _substituted(v, tensors) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class _Structure:
+    graph: SampleGraph | None
+    #: why it cannot join a union (then its samples run one by one)
+    refused: str | None = None
+
+
+@dataclass
+class _Union:
+    keys: list[Hashable]
+    position: dict[Hashable, int]
+    layout: Layout
+    plan: RowPlan
+    run: Callable
+
+
+class BatchedModule(nn.Module):
+    """The result of :func:`batch`: call it with a list of samples (argument tuples); returns the list of
+    ``model``'s results, in order. Gradients reach ``model.parameters()``; ``report`` tells what it did."""
+
+    def __init__(self, model: nn.Module, key: Callable[..., Hashable] | None, options: Options):
+        super().__init__()
+        self.model = model
+        self.key = key
+        self.options = options
+        self.report = BatchReport()
+        self._structures: dict[Hashable, _Structure] = {}
+        self._unions: list[_Union] = []   # the first is the main one
+        self._state: tuple | None = None
+
+    def forward(self, samples: Sequence[Any]) -> list[Any]:
+        if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
+            raise FrontendError(f"a batched {type(self.model).__name__} takes a list of samples (argument tuples), "
+                                f"got {type(samples).__name__}")
+        samples = [s if type(s) is tuple else (s,) for s in samples]
+        self.report.batches += 1
+        self.report.samples += len(samples)
+        if not samples:
+            return []
+        self._drop_if_state_changed()
+        keys, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
+        self._trace_new(keys, samples, tensors)
+        refused = next((self._structures[k].refused for k in keys if self._structures[k].refused), None)
+        union = refused or self._union_for(keys)
+        if isinstance(union, str):
+            return self._one_by_one(samples, union)
+        return self._run(union, keys, tensors)
+
+    # -- structures ---------------------------------------------------------
+    def _key(self, sample: tuple, i: int) -> tuple[Hashable, list[torch.Tensor]]:
+        """The structure of sample ``i`` and its tensors."""
+        if self.key is not None:
+            tensors = _tensors(sample)
+            return ("key", self.key(*sample), tuple((t.shape, t.dtype, t.device) for t in tensors)), tensors
+        try:
+            return fingerprint(sample)
+        except TypeError as e:
+            raise FrontendError(f"sample {i}: {e}; pass key= to dynamo_relational.batch to name its structure") \
+                from None
+
+    def _drop_if_state_changed(self) -> None:
+        """Traces depend on the modules' train/eval flags and on which parameters and buffers they hold."""
+        modules = list(self.model.modules())
+        state = (tuple(m.training for m in modules),
+                 tuple(id(x) for m in modules for x in (*m._parameters.values(), *m._buffers.values())))
+        if self._state is not None and state != self._state:
+            log.info("relational: the model switched train/eval mode or its parameters changed; tracing again")
+            self._structures.clear()
+            self._unions.clear()
+        self._state = state
+
+    def _trace_new(self, keys: Sequence[Hashable], samples: list[tuple], tensors: Sequence[list]) -> None:
+        new = {k: (s, t) for k, s, t in zip(keys, samples, tensors) if k not in self._structures}
+        if not new:
+            return
+        start = time.perf_counter()
+        with CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
+            for k, (sample, sample_tensors) in new.items():
+                self._structures[k] = self._traced(sample, sample_tensors)
+                progress.step()
+        self.report.structures = len(self._structures)
+        self.report.trace_seconds += time.perf_counter() - start
+
+    def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> _Structure:
+        call = _SampleCall(self.model, sample)
+        names = [f"arg{j}" for j in range(len(tensors))]
+        traced = trace(call, [t.detach() for t in tensors], names)
+        try:
+            graph = prepare(traced.graph, traced.out_spec, traced.constants, [tuple(t.shape) for t in tensors],
+                            self.options)
+        except NotBatchable as e:
+            return _Structure(None, str(e))
+        return _Structure(graph)
+
+    # -- unions -------------------------------------------------------------
+    def _union_for(self, keys: Sequence[Hashable]) -> _Union | str:
+        """A union holding every structure of ``keys``, grouped now if none does; else why it cannot be."""
+        wanted = set(keys)
+        for union in self._unions:
+            if wanted.issubset(union.position):
+                return union
+        main = self._unions[0].keys if self._unions else []
+        outside = len(self._structures) - len(main)
+        if outside >= REGROUP_FRACTION * len(main):
+            union = self._group(list(self._structures))
+            if not isinstance(union, str):
+                self._unions = [union]
+            return union
+        union = self._group(list(dict.fromkeys(keys)))
+        if not isinstance(union, str):
+            self._unions = self._unions[:1] + [union] + self._unions[1:7]   # the main one and the latest few
+        return union
+
+    def _group(self, keys: list[Hashable]) -> _Union | str:
+        start = time.perf_counter()
+        graphs = [self._structures[k].graph for k in keys]
+        try:
+            union, layout = build(graphs, self._params())
+            nodes_before = len(union.graph.nodes)
+            union = _grouped(union, self.options)
+            owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
+            plan = analyse(union, owners, len(keys))
+        except (NotBatchable, Refused) as e:
+            return str(e)
+        finally:
+            self.report.grouping_seconds += time.perf_counter() - start
+        self.report.groupings += 1
+        self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
+        run = aten_executor(plan.graph).forward
+        return _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, run)
+
+    def _params(self) -> dict[str, torch.Tensor]:
+        return {f"model.{name}": t for name, t in [*self.model.named_parameters(remove_duplicate=False),
+                                                  *self.model.named_buffers(remove_duplicate=False)]}
+
+    # -- running ------------------------------------------------------------
+    def _run(self, union: _Union, keys: Sequence[Hashable], tensors: Sequence[list]) -> list[Any]:
+        start = time.perf_counter()
+        batch = Batch(torch.tensor([union.position[k] for k in keys], dtype=torch.long))
+        inputs = []
+        for j, layout in enumerate(union.layout.inputs):
+            parts = [sample_tensors[j] for sample_tensors in tensors]
+            inputs.append(torch.cat(parts) if layout == "cat" else torch.stack(parts))
+        arguments = union.plan.arguments(batch)
+        self.report.assembly_seconds.append(time.perf_counter() - start)
+        outputs = union.run(*inputs, *arguments)
+        per_output = [union.plan.split(batch, j, value) for j, value in enumerate(outputs)]
+        results = []
+        for b, k in enumerate(keys):
+            graph = self._structures[k].graph
+            leaves = [part[b] if layout == "cat" else part[b][0] for part, layout in zip(per_output, union.layout.outputs)]
+            for position, value in graph.constants.items():
+                leaves.insert(position, value)
+            results.append(pytree.tree_unflatten(leaves, graph.out_spec))
+        return results
+
+    def _one_by_one(self, samples: list[tuple], reason: str) -> list[Any]:
+        self.report.unbatched += 1
+        if reason != self.report.unbatched_reason:
+            self.report.unbatched_reason = reason
+            log.warning("relational: batch runs its samples one by one with the model: %s", reason)
+        return [self.model(*sample) for sample in samples]
+
+
+def _grouped(union, options: Options):
+    from .passes import PassContext
+
+    # every group is vectorized, however small: a per-sample node left as it is could not be restricted
+    ctx = PassContext(dataclasses.replace(options, min_group_size=1))
+    for _, run in UNION_PASSES:
+        union = run(union, ctx)
+    if ctx.keep_order:
+        raise NotBatchable(f"the union keeps its order: {ctx.keep_order[0]}")
+    return union
+
+
+def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Tensor:
+    counts = [g.input_shapes[j][0] if layout == "cat" else 1 for g in graphs]
+    return torch.repeat_interleave(torch.arange(len(graphs)), torch.tensor(counts, dtype=torch.long))
+
+
+_ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None)))
+
+
+def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
+    """``(key, tensors)``: a hashable key equal for two samples of the same structure, and the sample's
+    tensors in order. Python data is compared by value (through lists, tuples, dicts and the attributes of
+    plain objects; shared and cyclic objects by where they were first seen), tensors by shape, dtype and
+    device. ``TypeError`` for what it cannot compare, and for a tensor inside an object, which tracing
+    would freeze."""
+    tensors: list[torch.Tensor] = []
+    seen: dict[int, int] = {}
+
+    def walk(x: Any, path: str, inside_object: bool) -> Hashable:
+        kind = type(x)
+        if kind in _ATOMS:
+            return x if kind is int or kind is str else (kind, x)
+        if kind is list or kind is tuple:
+            if all(type(item) is int for item in x):   # neighbour and children lists: the common case
+                return kind, tuple(x)
+            return kind, tuple([walk(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
+        if isinstance(x, torch.Tensor):
+            if inside_object:
+                raise TypeError(f"a tensor at {path} is held by a Python object: tracing would freeze its values. "
+                                "Pass it as an argument (or in a list, tuple or dict argument)")
+            tensors.append(x)
+            return "tensor", tuple(x.shape), x.dtype, x.device
+        if kind is dict:
+            return kind, tuple([(k, walk(v, f"{path}[{k!r}]", inside_object)) for k, v in x.items()])
+        if id(x) in seen:
+            return "seen", seen[id(x)]
+        seen[id(x)] = len(seen)
+        if hasattr(x, "__dict__") and not isinstance(x, (nn.Module, type)) and not callable(x):
+            return kind, tuple([(k, walk(v, f"{path}.{k}", True)) for k, v in vars(x).items()])
+        if isinstance(x, numpy.ndarray):
+            return "ndarray", x.dtype.str, x.shape, x.tobytes()
+        if isinstance(x, numpy.generic):
+            return kind, x.item()
+        raise TypeError(f"the structure at {path} ({kind.__name__}) cannot be compared by value")
+
+    key = tuple([walk(arg, f"argument {i}", False) for i, arg in enumerate(sample)])
+    return key, tensors
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of ``value`` in :func:`fingerprint`'s order (through lists, tuples and dicts)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if type(value) in (list, tuple):
+        return [t for item in value for t in _tensors(item)]
+    if type(value) is dict:
+        return [t for item in value.values() for t in _tensors(item)]
+    return []

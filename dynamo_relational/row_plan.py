@@ -1,0 +1,548 @@
+"""A grouped union run on any batch of its samples, by index arithmetic.
+
+A grouped union of samples (:mod:`dynamo_relational.union`) computes its
+samples side by side. :func:`analyse` proves, node by node, that each value
+is one of
+
+* **shared**: parameters and buffers, and what is computed from them alone;
+* **index**: an index tensor of the vectorizer, read only by the gather that owns it;
+* **rows**: a tensor whose dim 0 holds rows, each belonging to one sample
+  (the vectorizer tags each group's rows with their samples; gathers, ``cat``
+  and row-wise ops carry the tags on);
+
+and that every op keeps the rows of different samples apart: gathers read a
+sample's rows for rows of the same sample (the samples are disjoint), and the
+other ops compute row ``i`` from row ``i`` of their operands alone
+(:func:`_row_wise`). Anything else is refused with the node, the op and its
+source line; the samples then run one by one.
+
+Restricting every rows value to the rows of some samples then computes
+exactly those samples. :class:`RowPlan` holds the union's graph with its index
+tensors and the sizes that count rows turned into inputs (its code is the
+same for every batch), and :meth:`RowPlan.arguments` computes those inputs
+for a batch (a list of union samples; one may repeat) with a few vectorized
+torch ops per index tensor: each gather keeps the rows of the batch's samples
+in batch order, its index renumbered into its source's kept rows.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+from dynamo_relational.kernels.gather_reduce import pack_csr, unpack_csr
+from dynamo_relational.passes.vectorize import ROW_SAMPLES
+
+from .ops import tensor_info
+from .ops.base import value_info
+from .ops.elementwise import ELEMENTWISE
+
+_GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
+_GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
+_SEGMENT_REDUCE = torch.ops.dynamo_relational.segment_reduce.default
+_LINEAR = {torch._C._nn.linear, torch.nn.functional.linear}
+_MATMUL = {torch.matmul, operator.matmul, torch.mm, torch.bmm}
+#: calls whose ``dim`` argument (position 1, or keyword) names the dims they work along
+_ALONG = {"sum", "mean", "amax", "amin", "prod", "softmax", "log_softmax", "logsumexp", "cumsum", "cumprod",
+          "norm", "std", "var", "max", "min", "argmax", "argmin", "all", "any", "normalize", "glu"}
+#: methods and functions that keep every row as it is (no dims, or dtype only)
+_KEEP = {"clone", "contiguous", "detach", "to", "float", "double", "half", "bfloat16", "type_as", "abs"}
+_CELLS = {torch.gru_cell, torch.rnn_tanh_cell, torch.rnn_relu_cell}
+
+
+class Refused(Exception):
+    """Why a grouped union cannot be restricted to a batch of its samples."""
+
+
+class Rows:
+    """The rows of one rows value and how a batch restricts them.
+
+    ``owner[i]`` is the sample of row ``i``. Restricted to a batch, the rows
+    come in batch order, each sample's in union order (:meth:`listing`);
+    a :class:`CatRows` keeps its parts' orders one after the other."""
+
+    def __init__(self, owner: torch.Tensor, samples: int):
+        self.owner = owner
+        self.rows = owner.shape[0]
+        self.counts = torch.bincount(owner, minlength=samples)
+        self.order = torch.argsort(owner, stable=True)
+        self.start = torch.cumsum(self.counts, 0) - self.counts
+        rank = torch.empty_like(self.order)
+        rank[self.order] = torch.arange(self.rows) - self.start[owner[self.order]]
+        self.rank = rank
+
+    def same_as(self, other: "Rows") -> bool:
+        return other is self or (type(other) is Rows and torch.equal(other.owner, self.owner))
+
+    def size(self, batch: "Batch") -> int:
+        return int(batch.memo(self, "counts", lambda: self.counts[batch.samples]).sum())
+
+    def listing(self, batch: "Batch") -> tuple[torch.Tensor, torch.Tensor]:
+        """(union row, batch position) of each restricted row, in order."""
+        def compute():
+            counts = self.counts[batch.samples]
+            base = torch.cumsum(counts, 0) - counts
+            position = torch.repeat_interleave(batch.positions, counts)
+            within = torch.arange(position.shape[0]) - base[position]
+            return self.order[self.start[batch.samples][position] + within], position
+        return batch.memo(self, "listing", compute)
+
+    def renumber(self, batch: "Batch", position: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The restricted row numbers of union rows ``rows`` of the samples at batch positions ``position``."""
+        def compute():
+            counts = self.counts[batch.samples]
+            return torch.cumsum(counts, 0) - counts
+        return batch.memo(self, "base", compute)[position] + self.rank[rows]
+
+
+class CatRows(Rows):
+    """The rows of ``torch.cat`` of rows values: each part's restricted rows, part after part."""
+
+    def __init__(self, parts: Sequence[Rows]):
+        leaves = [leaf for p in parts for leaf in (p.leaves if type(p) is CatRows else [p])]
+        self.leaves = leaves
+        self.owner = torch.cat([p.owner for p in leaves])
+        self.rows = self.owner.shape[0]
+        self.starts = torch.tensor([0] + [p.rows for p in leaves]).cumsum(0)
+        #: the leaf of each row, and the row's rank among its sample's rows in that leaf
+        self.leaf_of = torch.repeat_interleave(torch.arange(len(leaves)), torch.tensor([p.rows for p in leaves]))
+        self.rank = torch.cat([p.rank for p in leaves])
+        #: [leaf, sample] -> rows
+        self.counts_by_leaf = torch.stack([p.counts for p in leaves])
+
+    def same_as(self, other: Rows) -> bool:
+        return other is self or (type(other) is CatRows and len(other.leaves) == len(self.leaves)
+                                 and all(a.same_as(b) for a, b in zip(self.leaves, other.leaves)))
+
+    def size(self, batch: "Batch") -> int:
+        return int(batch.memo(self, "counts", lambda: self.counts_by_leaf[:, batch.samples]).sum())
+
+    def listing(self, batch: "Batch") -> tuple[torch.Tensor, torch.Tensor]:
+        def compute():
+            pieces = [p.listing(batch) for p in self.leaves]
+            return (torch.cat([rows + int(self.starts[i]) for i, (rows, _) in enumerate(pieces)]),
+                    torch.cat([position for _, position in pieces]))
+        return batch.memo(self, "listing", compute)
+
+    def renumber(self, batch: "Batch", position: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        def compute():
+            counts = batch.memo(self, "counts", lambda: self.counts_by_leaf[:, batch.samples])   # [leaf, position]
+            per_leaf = counts.sum(1)
+            leaf_base = torch.cumsum(per_leaf, 0) - per_leaf
+            return leaf_base[:, None] + torch.cumsum(counts, 1) - counts   # where (leaf, position) starts
+        base = batch.memo(self, "base", compute)
+        return base[self.leaf_of[rows], position] + self.rank[rows]
+
+
+@dataclass
+class Batch:
+    """The union samples of one batch, in order, and what the restriction computed for it (per :class:`Rows`)."""
+    samples: torch.Tensor
+    positions: torch.Tensor = field(init=False)
+    _memo: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.positions = torch.arange(self.samples.shape[0])
+
+    def memo(self, rows: Rows, what: str, compute: Callable) -> Any:
+        key = (id(rows), what)
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
+
+
+@dataclass
+class _Index:
+    """One index tensor of the union: the gather ``node`` that reads it, restricted by :meth:`value`."""
+    kind: str                   # "rows" (gather_rows), "reduce" (gather_reduce), "select" (index_select),
+    #                             "segments" (segment_reduce over consecutive rows)
+    out: Rows
+    source: Rows | None         # None: the gather reads a shared tensor, whose rows are not renumbered
+    source_rows: int            # the source's rows in the union
+    offsets: torch.Tensor | None
+    index: torch.Tensor | None
+
+    def value(self, batch: Batch) -> torch.Tensor:
+        rows, position = self.out.listing(batch)
+        source_size = self.source.size(batch) if self.source is not None else self.source_rows
+        if self.kind == "segments":
+            lengths = self.offsets[rows + 1] - self.offsets[rows]
+            return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+        if self.kind in ("rows", "select"):
+            index = self.index[rows]
+            if self.source is not None:
+                index = self.source.renumber(batch, position, index)
+            if self.kind == "select":
+                return index
+            return pack_csr(torch.arange(index.shape[0] + 1), index, source_size)
+        lengths = self.offsets[rows + 1] - self.offsets[rows]
+        offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+        entry = torch.repeat_interleave(self.offsets[rows] - offsets[:-1], lengths) + torch.arange(int(offsets[-1]))
+        index = self.index[entry]
+        if self.source is not None:
+            index = self.source.renumber(batch, torch.repeat_interleave(position, lengths), index)
+        return pack_csr(offsets, index, source_size)
+
+
+@dataclass
+class RowPlan:
+    """The union's graph as a function of a batch's inputs, index tensors and sizes (see the module docstring)."""
+    graph: fx.GraphModule
+    samples: int
+    indices: list[_Index]
+    #: the Rows each size input counts
+    sizes: list[Rows]
+    #: the Rows of each output
+    outputs: list[Rows]
+
+    def arguments(self, batch: Batch) -> list[Any]:
+        """The index tensors and sizes of ``batch``, in the order of the graph's inputs after the data."""
+        return [i.value(batch) for i in self.indices] + [rows.size(batch) for rows in self.sizes]
+
+    def split(self, batch: Batch, j: int, value: torch.Tensor) -> list[torch.Tensor]:
+        """Output ``j`` of the batch graph cut into the rows of each batch position (each sample's in its
+        own order)."""
+        rows = self.outputs[j]
+        if type(rows) is not Rows:   # parts after parts: bring each sample's rows together
+            union_rows, position = rows.listing(batch)
+            value = value[torch.argsort(position * max(rows.rows, 1) + union_rows)]
+        return list(torch.split(value, rows.counts[batch.samples].tolist()))
+
+
+def analyse(gm: fx.GraphModule, input_owners: Sequence[torch.Tensor], samples: int) -> RowPlan:
+    """The :class:`RowPlan` of grouped union ``gm``, whose inputs have rows of the samples ``input_owners``;
+    :class:`Refused` where a value is not provably shared or rows of samples."""
+    return _Analysis(gm, samples).run(input_owners)
+
+
+class _Analysis:
+    def __init__(self, gm: fx.GraphModule, samples: int):
+        self.gm = gm
+        self.samples = samples
+        self.rows: dict[fx.Node, Rows] = {}
+        self.shared: set[fx.Node] = set()
+        self.index_nodes: set[fx.Node] = set()
+        #: (gather, its index tensor, how a batch restricts it); one index tensor may serve several gathers
+        self.indices: list[tuple[fx.Node, fx.Node, _Index]] = []
+        self.sizes: list[tuple[fx.Node, int, Rows]] = []   # (node, position in args, rows it counts)
+
+    def run(self, input_owners: Sequence[torch.Tensor]) -> RowPlan:
+        _propagate_shapes(self.gm)
+        graph = self.gm.graph
+        placeholders = list(graph.find_nodes(op="placeholder"))
+        for node, owner in zip(placeholders, input_owners):
+            self.rows[node] = Rows(owner, self.samples)
+        for node in graph.nodes:
+            if node.op == "get_attr":
+                (self.index_nodes if node.target.startswith("_relational_") else self.shared).add(node)
+            elif node.op in ("call_function", "call_method"):
+                self._visit(node)
+        output = next(iter(graph.find_nodes(op="output")))
+        outputs = []
+        for leaf in output.args[0]:
+            if leaf not in self.rows:
+                raise Refused(f"output {leaf.name} is not made of the samples' rows")
+            outputs.append(self.rows[leaf])
+        return self._plan(outputs)
+
+    # -- what each node is -------------------------------------------------
+    def _visit(self, node: fx.Node) -> None:
+        operands = [a for a in _flat_nodes((node.args, node.kwargs))]
+        if any(a in self.index_nodes for a in operands) and not self._gather(node):
+            raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
+        if node in self.rows:
+            return
+        with_rows = [a for a in operands if a in self.rows]
+        if not with_rows:
+            if any(a not in self.shared for a in operands):
+                raise Refused(f"{_describe(node)} reads a value that is not shared and has no rows")
+            if ROW_SAMPLES in node.meta and node.op == "call_method" and node.target == "expand":
+                self._tag(node, self._tagged_rows(node), size_arg=_shape_path(node))   # a shared value per row
+                return
+            self.shared.add(node)
+            return
+        rows = _row_wise(node, [self.rows[a] for a in with_rows], with_rows, self)
+        self._tag(node, rows)
+
+    def _tag(self, node: fx.Node, rows: Rows, size_arg: tuple[int, int] | None = None) -> None:
+        tagged = node.meta.get(ROW_SAMPLES)
+        if tagged is not None and not torch.equal(torch.tensor(tagged), rows.owner):
+            raise Refused(f"{_describe(node)}: the rows' samples do not match the grouping's")
+        if size_arg is not None:
+            self.sizes.append((node, size_arg, rows))
+        self.rows[node] = rows
+
+    def _tagged_rows(self, node: fx.Node) -> Rows:
+        tagged = node.meta.get(ROW_SAMPLES)
+        if tagged is None or any(s is None for s in tagged):
+            raise Refused(f"{_describe(node)}: which sample each row belongs to is not known")
+        return Rows(torch.tensor(tagged), self.samples)
+
+    def _gather(self, node: fx.Node) -> bool:
+        """Record the gather ``node`` (reading an index tensor of the grouping); False if it is not one."""
+        target, args = node.target, node.args
+        if node.kwargs or node.op != "call_function":
+            return False
+        if target is _GATHER_ROWS and args[1] in self.index_nodes:
+            source, csr = args
+            kind = "rows"
+        elif target is _GATHER_REDUCE and args[1] in self.index_nodes and type(args[2]) is int:
+            source, csr = args[0], args[1]
+            kind = "reduce"
+        elif target is torch.index_select and len(args) == 3 and args[1] == 0 and args[2] in self.index_nodes:
+            source, csr = args[0], args[2]
+            kind = "select"
+        elif target is _SEGMENT_REDUCE and args[1] in self.index_nodes:
+            source, csr = args[0], args[1]
+            kind = "segments"
+        else:
+            return False
+        if source not in self.rows and source not in self.shared:
+            raise Refused(f"{_describe(node)} gathers from a value that is neither shared nor rows of samples")
+        source_info, out_info = tensor_info(source), tensor_info(node)
+        source_rows, out_rows = source_info.shape[0], out_info.shape[0]
+        constant = _attribute(self.gm, csr.target)
+        if kind == "select":
+            offsets, index = None, constant
+        elif kind == "segments":
+            offsets, index = constant, None
+        else:
+            offsets, index = unpack_csr(constant, out_rows, source_rows)
+        offsets = offsets.long() if offsets is not None else None
+        index = index.long() if index is not None else None
+        source_owner = self.rows[source] if source in self.rows else None
+        if kind == "segments" and (type(source_owner) is not Rows or int(offsets[0]) != 0
+                                   or int(offsets[-1]) != source_rows):
+            raise Refused(f"{_describe(node)}: segments that do not cover their rows in order")
+        out = self._gathered_rows(node, kind, source_owner, offsets, index)
+        self.indices.append((node, csr, _Index(kind, out, source_owner, source_rows, offsets, index)))
+        if kind == "reduce":
+            self.sizes.append((node, (2,), out))
+        self._tag(node, out)
+        return True
+
+    def _gathered_rows(self, node, kind, source: Rows | None, offsets, index) -> Rows:
+        """The rows of a gather: the grouping's tags, else the samples of the rows it reads."""
+        if ROW_SAMPLES in node.meta:
+            out = self._tagged_rows(node)
+        elif source is None:
+            raise Refused(f"{_describe(node)}: which sample each gathered row belongs to is not known")
+        elif kind in ("rows", "select"):
+            out = Rows(source.owner[index], self.samples)
+        else:
+            starts = offsets[:-1]
+            if bool((offsets[1:] == starts).any()):
+                raise Refused(f"{_describe(node)}: an empty segment has no sample")
+            out = Rows(source.owner[index[starts] if index is not None else starts], self.samples)
+        if source is not None:   # every row reads rows of its own sample (the samples are disjoint)
+            read = source.owner[index] if index is not None else source.owner
+            segment_of = torch.arange(out.rows) if offsets is None else torch.repeat_interleave(
+                torch.arange(out.rows), offsets[1:] - offsets[:-1])
+            if not torch.equal(read, out.owner[segment_of]):
+                raise Refused(f"{_describe(node)} reads rows of other samples")
+        return out
+
+    # -- the batch graph --------------------------------------------------------
+    def _plan(self, outputs: list[Rows]) -> RowPlan:
+        graph = self.gm.graph
+        last = list(graph.find_nodes(op="placeholder"))[-1]
+        index_inputs, size_inputs = [], []
+        for name, inputs, count in (("index", index_inputs, len(self.indices)), ("size", size_inputs, len(self.sizes))):
+            for i in range(count):
+                with graph.inserting_after(last):
+                    last = graph.placeholder(f"{name}{i}")
+                inputs.append(last)
+        for (gather, csr, _), new in zip(self.indices, index_inputs):
+            gather.replace_input_with(csr, new)
+        for (node, path, _), new in zip(self.sizes, size_inputs):
+            node.args = _replaced(node.args, path, new)
+        graph.eliminate_dead_code()
+        self.gm.recompile()
+        return RowPlan(self.gm, self.samples, [i for _, _, i in self.indices], [r for _, _, r in self.sizes], outputs)
+
+
+def _propagate_shapes(gm: fx.GraphModule) -> None:
+    """Every node's shape, from fake tensors (the passes leave some nodes without one, or with the shape of
+    the group they were read from)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    inputs = [mode.from_tensor(torch.empty(tensor_info(n).shape, dtype=tensor_info(n).dtype,
+                                           device=tensor_info(n).device))
+              for n in gm.graph.find_nodes(op="placeholder")]
+    FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
+    for node in gm.graph.nodes:
+        if "val" in node.meta:
+            node.meta["rel_info"] = value_info(node.meta["val"])
+
+
+def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], analysis: _Analysis) -> Rows:
+    """The rows of ``node``, an op on rows values ``operands``; :class:`Refused` unless it computes row ``i``
+    from row ``i`` of each (and shared values)."""
+    first = operand_rows[0]
+    target, args, kwargs = node.target, node.args, node.kwargs
+    name = target if node.op == "call_method" else getattr(target, "__name__", str(target))
+    info, rank = tensor_info(node), _rank(node)
+    if target is operator.getitem and args[0].op == "placeholder" and not isinstance(args[1], int):
+        raise Refused(f"{_describe(node)}: forward uses a tensor argument as a whole; only its rows (x[v], "
+                      "x[v, :k]) are batched")
+    if target is torch.cat and _dim(args, kwargs, 1, 0, rank) == 0:
+        if not all(a in analysis.rows for a in args[0]):
+            raise Refused(f"{_describe(node)} joins rows of samples with other values")
+        return CatRows([analysis.rows[a] for a in args[0]])
+    if not all(r.same_as(first) for r in operand_rows[1:]):
+        raise Refused(f"{_describe(node)} combines rows of different layouts")
+    if info is None or rank == 0 or info.shape[0] != first.rows:
+        if node.op == "call_method" and target in ("reshape", "view"):
+            return _merged_rows(node, first, analysis)
+        raise Refused(f"{_describe(node)} does not keep the rows of its operand")
+    if target is torch.cat or target is torch.stack:
+        parts = args[0]
+        if any(p not in analysis.rows for p in parts) or _dim(args, kwargs, 1, 0, rank) == 0:
+            raise Refused(f"{_describe(node)} joins rows of samples with other values")
+        return first
+    if REGISTRY_ELEMENTWISE(node):
+        for a in _flat_nodes((args, kwargs)):
+            a_info = tensor_info(a)
+            if a in analysis.rows:
+                if a_info is None or len(a_info.shape) != rank:
+                    raise Refused(f"{_describe(node)} broadcasts rows of samples")
+            elif a_info is not None and len(a_info.shape) == rank and a_info.shape[0] != 1:
+                raise Refused(f"{_describe(node)} combines rows of samples with a shared value's rows")
+        return first
+    if node.op == "call_function" and target in _LINEAR:
+        if operands != [args[0]] or rank < 2:
+            raise Refused(f"{_describe(node)}: a linear map of rows needs a shared weight")
+        return first
+    if node.op == "call_function" and target in _MATMUL:
+        if args[0] not in analysis.rows or _rank(args[0]) < 2 or (args[1] in analysis.rows) != (_rank(args[1]) == rank):
+            raise Refused(f"{_describe(node)}: a product of rows needs rows on the left")
+        if args[1] not in analysis.rows and _rank(args[1]) > 2:
+            raise Refused(f"{_describe(node)}: a shared batched weight")
+        return first
+    if node.op == "call_function" and target in _CELLS:
+        if any(a in analysis.rows for a in args[2:]):
+            raise Refused(f"{_describe(node)}: recurrent cell weights must be shared")
+        return first
+    if node.op == "call_function" and target is operator.getitem:
+        index = args[1]
+        if type(index) is tuple and index and index[0] == slice(None) and not _flat_nodes(index):
+            return first
+        raise Refused(f"{_describe(node)} reads single rows")
+    if name in _KEEP and not _flat_nodes((args[1:], kwargs)):
+        return first
+    if name in _ALONG:
+        dims = _dim(args, kwargs, 1, None, _rank(args[0]))
+        if dims is not None and 0 not in (dims if isinstance(dims, tuple) else (dims,)):
+            return first
+        raise Refused(f"{_describe(node)} works along dim 0, across the rows of samples")
+    if node.op == "call_method" and target in ("unsqueeze", "squeeze", "transpose", "flatten", "permute",
+                                               "reshape", "view", "expand"):
+        if _keeps_dim0(node, rank):
+            if target in ("reshape", "view", "expand"):
+                analysis.sizes.append((node, _shape_path(node), first))
+            return first
+        raise Refused(f"{_describe(node)} moves dim 0")
+    raise Refused(f"{_describe(node)} is not known to compute each row from its own row")
+
+
+def REGISTRY_ELEMENTWISE(node: fx.Node) -> bool:
+    from .ops import REGISTRY
+
+    return REGISTRY.family_of(node) is ELEMENTWISE
+
+
+def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:
+    """``x.reshape(k, c, ...)`` of rows ``x`` whose blocks of ``c`` consecutive rows belong to one sample
+    each: the rows of the ``k`` blocks (a reduction over fan-in ``c`` reads it)."""
+    shape, before = node.args[1], tensor_info(node.args[0])
+    if type(rows) is not Rows or not isinstance(shape, tuple) or not shape or type(shape[0]) is not int \
+            or shape[0] <= 0 or rows.rows % shape[0]:
+        raise Refused(f"{_describe(node)} does not keep the rows of its operand")
+    block = rows.rows // shape[0]
+    per_row = 1
+    for s in before.shape[1:]:
+        per_row *= s
+    after = 1
+    for s in shape[1:]:
+        after *= s
+    owner = rows.owner.reshape(shape[0], block)
+    if shape[1:2] != (block,) or after != block * per_row or not bool((owner == owner[:, :1]).all()):
+        raise Refused(f"{_describe(node)} merges rows of different samples")
+    merged = Rows(owner[:, 0].contiguous(), analysis.samples)
+    analysis.sizes.append((node, _shape_path(node), merged))
+    return merged
+
+
+def _shape_path(node: fx.Node) -> tuple[int, ...]:
+    """Where the first size of ``x.reshape(shape)`` / ``x.reshape(*shape)`` is in the node's arguments."""
+    return (1, 0) if isinstance(node.args[1], (tuple, list)) else (1,)
+
+
+def _keeps_dim0(node: fx.Node, rank: int) -> bool:
+    target, args = node.target, node.args
+    if target in ("reshape", "view", "expand"):
+        shape = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+        return bool(shape) and shape[0] == tensor_info(args[0]).shape[0]
+    if target in ("unsqueeze", "squeeze"):
+        if len(args) != 2 or type(args[1]) is not int:
+            return False
+        in_rank = _rank(args[0])
+        dim = args[1] % (in_rank + 1 if target == "unsqueeze" else in_rank)
+        return dim != 0
+    if target == "transpose":
+        in_rank = _rank(args[0])
+        return all(type(d) is int and d % in_rank != 0 for d in args[1:3])
+    if target == "flatten":
+        return len(args) >= 2 and type(args[1]) is int and args[1] % _rank(args[0]) != 0
+    if target == "permute":
+        dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+        return bool(dims) and dims[0] % _rank(args[0]) == 0
+    return False
+
+
+def _dim(args, kwargs, position: int, default, rank: int):
+    dim = kwargs.get("dim", args[position] if len(args) > position else default)
+    if dim is None or rank == 0:
+        return dim
+    if isinstance(dim, (tuple, list)):
+        return tuple(d % rank for d in dim)
+    return dim % rank if type(dim) is int else None
+
+
+def _rank(node: Any) -> int:
+    info = tensor_info(node)
+    return len(info.shape) if info is not None else 0
+
+
+def _flat_nodes(tree: Any) -> list[fx.Node]:
+    found: list[fx.Node] = []
+    fx.node.map_arg(tree, found.append)
+    return found
+
+
+def _replaced(args: tuple, path: tuple[int, ...], new: Any) -> tuple:
+    head, rest = path[0], path[1:]
+    value = new if not rest else type(args[head])(_replaced(tuple(args[head]), rest, new))
+    return (*args[:head], value, *args[head + 1:])
+
+
+def _describe(node: fx.Node) -> str:
+    """The node, its op and the source line that made it (or, for a node the passes made, its first user's)."""
+    target = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    trace = node.meta.get("stack_trace") or next((u.meta["stack_trace"] for u in node.users
+                                                  if u.meta.get("stack_trace")), "")
+    lines = [line.strip() for line in trace.strip().splitlines()]
+    where = lines[0].removeprefix("File ") + (f" ({lines[1]})" if len(lines) > 1 else "") if lines else ""
+    return f"{node.name} ({target})" + (f" at {where}" if where else "")
+
+
+def _attribute(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value

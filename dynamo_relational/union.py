@@ -1,0 +1,236 @@
+"""The union of traced samples: one ungrouped graph of disjoint components.
+
+``dynamo_relational.batch`` traces a model written for one sample once per
+sample structure. Each trace first runs the passes that need the sample
+alone (:data:`SAMPLE_PASSES`: in-place rewrites, aggregation, CSE), then
+:func:`build` copies the traces into one graph, whose grouping
+(:data:`UNION_PASSES`) vectorizes all samples at once:
+
+* the tensor arguments at one position become one input (``torch.cat`` of the
+  samples' tensors along dim 0, or ``torch.stack`` of 0-d ones); a sample's
+  row read ``x[v]`` becomes a read of its row in that input, so the reads of
+  every sample group into one gather;
+* every node is tagged with its sample (``meta["rel_sample"]``), which the
+  vectorizer keeps per row (``meta["rel_row_samples"]``): no row is shared by
+  two samples, so a group restricted to some samples' rows computes exactly
+  those samples (:mod:`dynamo_relational.row_plan`);
+* the output leaves at one position are stacked (equal shapes) or
+  concatenated (rows) over the samples: one output tensor per position, whose
+  rows belong to the samples in order.
+
+Samples are disjoint components of the union: no node of one reads a node of
+another, so grouping the union computes each sample as its own graph would.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.utils import _pytree as pytree
+
+from dynamo_relational.passes import PIPELINE, PassContext
+from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
+
+from .ops import TensorInfo, tensor_info
+from .options import Options
+
+_NAMES = [name for name, _ in PIPELINE]
+#: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
+SAMPLE_PASSES = tuple(PIPELINE[:_NAMES.index("grouping")])
+#: the passes run on the union: grouping, and the rewrites whose legality does not depend on which samples
+#: a batch holds (they read no index values: rows contiguous in one union, or merged by value, are not in
+#: another batch; a transposed ``linear`` would move the samples' rows out of dim 0)
+UNION_PASSES = tuple((name, run) for name, run in PIPELINE if name in (
+    "grouping", "vectorize", "postpone_gathers", "compose_gathers", "fuse_linear", "fold_bias", "cleanup"))
+
+
+class NotBatchable(Exception):
+    """Why a set of samples cannot run as one union (the batch runs its samples one by one instead)."""
+
+
+@dataclass
+class SampleGraph:
+    """One sample structure's trace, after :data:`SAMPLE_PASSES`."""
+    graph: fx.GraphModule
+    out_spec: pytree.TreeSpec
+    #: output leaves that are not tensors, by leaf position
+    constants: dict[int, Any]
+    #: the shapes of its tensor arguments, in order
+    input_shapes: tuple[tuple[int, ...], ...]
+    #: the shapes of its tensor output leaves, in order
+    output_shapes: tuple[tuple[int, ...], ...]
+
+
+def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any],
+            input_shapes: Sequence[tuple[int, ...]], options: Options) -> SampleGraph:
+    """A sample's trace after :data:`SAMPLE_PASSES`; :class:`NotBatchable` if they must keep its order."""
+    ctx = PassContext(options)
+    for _, run in SAMPLE_PASSES:
+        graph = run(graph, ctx)
+    if ctx.keep_order:
+        raise NotBatchable(f"the sample's graph keeps its order: {ctx.keep_order[0]}")
+    output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
+    shapes = tuple(tensor_info(leaf).shape for leaf in output.args[0])
+    return SampleGraph(graph, out_spec, constants, tuple(tuple(s) for s in input_shapes), shapes)
+
+
+@dataclass
+class Layout:
+    """Where each sample's values lie in the union."""
+    #: per input position: ``"cat"`` (rows) or ``"stack"`` (0-d tensors)
+    inputs: tuple[str, ...]
+    #: per output position: ``"cat"`` or ``"stack"``
+    outputs: tuple[str, ...]
+
+
+def input_layout(shapes: Sequence[tuple[int, ...]], position: int) -> str:
+    """How the samples' tensor arguments at ``position`` (of ``shapes``) join: rows, or stacked scalars."""
+    if all(len(s) == 0 for s in shapes):
+        return "stack"
+    if all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1:
+        return "cat"
+    raise NotBatchable(f"tensor argument {position} has shapes {sorted(set(shapes))[:3]} across samples: they "
+                       "join along dim 0 only where their other dims agree")
+
+
+def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tuple[fx.GraphModule, Layout]:
+    """The union of ``samples`` (in order) as one ungrouped graph over the model's ``params``."""
+    arity = {len(s.input_shapes) for s in samples}
+    if len({str(s.out_spec) for s in samples}) > 1 or len(arity) > 1:
+        raise NotBatchable("samples return differently structured results or take different tensor arguments")
+    inputs_layout = tuple(input_layout([s.input_shapes[j] for s in samples], j) for j in range(arity.pop()))
+    graph = fx.Graph()
+    attrs: dict[str, torch.Tensor] = {}
+    union_inputs = []
+    for j, layout in enumerate(inputs_layout):
+        node = graph.placeholder(f"input{j}")
+        example = samples[0].graph.graph.find_nodes(op="placeholder")[j]
+        row = tensor_info(example)
+        rows = sum(s.input_shapes[j][0] if layout == "cat" else 1 for s in samples)
+        rest = row.shape[1:] if layout == "cat" else ()
+        node.meta["rel_info"] = TensorInfo((rows, *rest), row.dtype, row.device)
+        union_inputs.append(node)
+    attr_nodes: dict[str, fx.Node] = {}
+    leaves: list[list[fx.Node]] = []
+    offsets = [0] * len(inputs_layout)
+    for s, sample in enumerate(samples):
+        leaves.append(_copy_sample(graph, sample, s, union_inputs, inputs_layout, offsets, params, attrs, attr_nodes))
+        for j, layout in enumerate(inputs_layout):
+            offsets[j] += sample.input_shapes[j][0] if layout == "cat" else 1
+    outputs_layout = []
+    outputs = []
+    for j in range(len(samples[0].output_shapes)):
+        node, layout = _join_outputs(graph, [leaf[j] for leaf in leaves], [s.output_shapes[j] for s in samples], j)
+        outputs.append(node)
+        outputs_layout.append(layout)
+    graph.output(tuple(outputs))
+    for leaf in (leaf for sample_leaves in leaves for leaf in sample_leaves):   # stacks inlined into the outputs
+        if not leaf.users and leaf.target is torch.stack:
+            graph.erase_node(leaf)
+    # lazy: Python code for the ungrouped union is never needed
+    return _LazyGraphModule(attrs, graph), Layout(inputs_layout, tuple(outputs_layout))
+
+
+def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: list[fx.Node], layouts: tuple[str, ...],
+                 offsets: list[int], params: dict[str, torch.Tensor], attrs: dict[str, torch.Tensor],
+                 attr_nodes: dict[str, fx.Node]) -> list[fx.Node]:
+    """Copy sample ``s`` into ``graph``; returns its output leaves there."""
+    env: dict[fx.Node, fx.Node] = {}
+    placeholders: dict[fx.Node, int] = {}
+    whole: dict[int, fx.Node] = {}
+
+    def value(node: fx.Node) -> fx.Node:
+        j = placeholders.get(node)
+        if j is None:
+            return env[node]
+        if j not in whole:   # the sample's whole argument: its rows of the union's input
+            n = sample.input_shapes[j][0] if layouts[j] == "cat" else None
+            index = slice(offsets[j], offsets[j] + n) if n is not None else offsets[j]
+            whole[j] = graph.call_function(operator.getitem, (union_inputs[j], index))
+            whole[j].meta.update(node.meta)
+            whole[j].meta[SAMPLE] = s
+        return whole[j]
+
+    for node in sample.graph.graph.nodes:
+        if node.op == "placeholder":
+            placeholders[node] = len(placeholders)
+        elif node.op == "get_attr":
+            name = node.target if node.target in params else f"_sample{s}_{node.target.replace('.', '_')}"
+            if name not in attr_nodes:
+                attrs[name] = params[name] if name in params else _attribute(sample.graph, node.target)
+                attr_nodes[name] = graph.get_attr(name)
+                attr_nodes[name].meta.update(node.meta)
+            env[node] = attr_nodes[name]
+        elif node.op == "output":
+            return [env[leaf] for leaf in node.args[0]]
+        else:
+            row = _row_read(node, placeholders, layouts, sample, offsets)
+            if row is not None:
+                j, index = row
+                new = graph.call_function(operator.getitem, (union_inputs[j], index), name=f"{node.name}_s{s}")
+                new.meta.update(node.meta)
+            else:   # (a name of its own: fx's search for a free one grows with the copies of the same name)
+                new = graph.create_node(node.op, node.target, (), {}, name=f"{node.name}_s{s}")
+                new.args, new.kwargs = fx.node.map_arg((node.args, node.kwargs), value)   # (unscanned: fast)
+                new.meta.update(node.meta)
+            new.meta[SAMPLE] = s
+            env[node] = new
+    raise AssertionError("a traced graph ends with its output")
+
+
+def _row_read(node: fx.Node, placeholders: dict[fx.Node, int], layouts: tuple[str, ...], sample: SampleGraph,
+              offsets: list[int]) -> tuple[int, Any] | None:
+    """``(position, index into the union's input)`` where ``node`` reads one row of a tensor argument
+    (``x[v]``, ``x[v, :4]``); None otherwise."""
+    if node.op != "call_function" or node.target is not operator.getitem or node.kwargs:
+        return None
+    base, index = node.args
+    j = placeholders.get(base)
+    if j is None or layouts[j] != "cat":
+        return None
+    first, rest = (index[0], index[1:]) if type(index) is tuple and index else (index, None)
+    n = sample.input_shapes[j][0]
+    if type(first) is not int or not -n <= first < n:
+        return None
+    row = offsets[j] + first % n
+    return j, row if rest is None else (row, *rest)
+
+
+def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int, ...]], j: int) -> tuple[fx.Node, str]:
+    """One union output from the samples' output leaves at position ``j``: stacked, or their rows joined."""
+    info = tensor_info(leaves[0])
+    rows_agree = all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1
+    if len(set(shapes)) == 1 and not (rows_agree and _all_stacks(leaves)):
+        node = graph.call_function(torch.stack, (list(leaves),))
+        node.meta["rel_info"] = TensorInfo((len(leaves), *info.shape), info.dtype, info.device)
+        node.meta[JOINED_OUTPUT] = True
+        return node, "stack"
+    if not rows_agree:
+        raise NotBatchable(f"output {j} has shapes {sorted(set(shapes))[:3]} across samples: they join along dim 0 "
+                           "only where their other dims agree")
+    rows = sum(s[0] for s in shapes)
+    if _all_stacks(leaves):   # cat(stack(a), stack(b)) is stack(a + b): the rows themselves group
+        node = graph.call_function(torch.stack, ([item for leaf in leaves for item in leaf.args[0]],))
+    else:
+        node = graph.call_function(torch.cat, (list(leaves),))
+    node.meta["rel_info"] = TensorInfo((rows, *info.shape[1:]), info.dtype, info.device)
+    node.meta[JOINED_OUTPUT] = True
+    return node, "cat"
+
+
+def _all_stacks(leaves: list[fx.Node]) -> bool:
+    """Whether every leaf is a ``torch.stack`` of a list along dim 0 that nothing else reads."""
+    return all(leaf.op == "call_function" and leaf.target is torch.stack and len(leaf.args) == 1
+               and not leaf.kwargs and isinstance(leaf.args[0], (list, tuple)) and len(leaf.users) == 1
+               for leaf in leaves)
+
+
+def _attribute(gm: fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value

@@ -1,0 +1,194 @@
+"""dynamo_relational.batch: a model written for one sample run over batches of samples of other structures,
+sample by sample equal to eager (outputs and gradients), with no tracing or grouping for known structures."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch import nn
+
+import dynamo_relational
+from dynamo_relational.frontend import FrontendError
+from examples.per_sample import MoleculeGCN, TreeLSTM, TreeRNN, dataset
+from tests.conftest import warnings_logged
+
+TOLERANCE = dict(rtol=1e-8, atol=1e-10)
+
+
+def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple]) -> None:
+    """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's."""
+    inputs = [tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in s)
+              for s in batch]
+    got = batched(inputs)
+    want = [model(*s) for s in inputs]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOLERANCE)
+    weights = [torch.randn_like(w) for w in want]
+    wrt = list(model.parameters()) + [a for s in inputs for a in s if isinstance(a, torch.Tensor)]
+    got_grads = torch.autograd.grad(sum((g * c).sum() for g, c in zip(got, weights)), wrt)
+    want_grads = torch.autograd.grad(sum((w * c).sum() for w, c in zip(want, weights)), wrt)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, **TOLERANCE)
+
+
+@pytest.mark.parametrize("kind, model_class", [("treernn", TreeRNN), ("treelstm", TreeLSTM), ("gcn", MoleculeGCN)])
+def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind, model_class):
+    torch.manual_seed(0)
+    data = dataset(kind, 24, features=4, dtype=torch.float64)
+    model = model_class(4, hidden=6).double()
+    batched = dynamo_relational.batch(model)
+    for epoch in range(2):
+        order = list(range(len(data)))
+        random.Random(epoch).shuffle(order)
+        for i in range(0, len(order), 6):
+            assert_batches_match_eager(batched, model, [data[j] for j in order[i:i + 6]])
+        if epoch == 0:
+            first_epoch = (batched.report.structures, batched.report.groupings)
+    report = batched.report
+    assert report.unbatched == 0, report.unbatched_reason
+    assert (report.structures, report.groupings) == first_epoch   # nothing traced or grouped in epoch 2
+    assert report.structures == len(data)
+    assert len(report.assembly_seconds) == report.batches
+
+
+def test_a_structure_repeated_in_a_batch_and_batches_of_other_sizes():
+    torch.manual_seed(1)
+    data = dataset("treernn", 8, features=4, dtype=torch.float64)
+    model = TreeRNN(4, hidden=5).double()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    same_tree = (data[2][0], torch.randn(len(data[2][0]), 4, dtype=torch.float64))
+    for batch in ([data[2], same_tree, data[2]], [data[5]], data[::-1], [data[0]] * 4):
+        assert_batches_match_eager(batched, model, batch)
+    assert batched.report.groupings == 1 and batched.report.structures == 8
+
+
+def test_a_changed_structure_is_traced_again_never_run_stale():
+    model = TreeRNN(3, hidden=4).double()
+    batched = dynamo_relational.batch(model)
+    children = [[1, 2], [], []]
+    x = torch.randn(3, 3, dtype=torch.float64)
+    assert_batches_match_eager(batched, model, [(children, x)])
+    children[0].pop()            # the same list object, now another tree
+    children[1].append(2)
+    assert_batches_match_eager(batched, model, [(children, x)])
+    assert batched.report.structures == 2
+
+
+def test_key_names_the_structure():
+    class Tree:
+        def __init__(self, children):
+            self.children = children
+
+    class PerTree(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = TreeRNN(3, hidden=4)
+
+        def forward(self, tree, x):
+            return self.rnn(tree.children, x)
+
+    model = PerTree().double()
+    trees = [Tree([[1], []]), Tree([[1, 2], [], []]), Tree([[1], []])]
+    batched = dynamo_relational.batch(model, key=lambda tree, x: tuple(map(tuple, tree.children)))
+    batch = [(t, torch.randn(len(t.children), 3, dtype=torch.float64)) for t in trees]
+    assert_batches_match_eager(batched, model, batch)
+    assert batched.report.structures == 2
+
+
+def test_structure_in_plain_objects_is_fingerprinted_and_tensors_inside_them_are_refused():
+    class Node:
+        def __init__(self, word, children=()):
+            self.word, self.children = word, list(children)
+
+    class Recursive(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(10, 4)
+            self.W = nn.Linear(4, 4)
+
+        def forward(self, node, scale):
+            h = self.emb(torch.tensor(node.word))
+            for child in node.children:
+                h = h + self.forward(child, scale)
+            return torch.tanh(self.W(h) * scale)
+
+    model = Recursive().double()
+    batched = dynamo_relational.batch(model)
+    trees = [Node(1, [Node(2), Node(3, [Node(4)])]), Node(5), Node(1, [Node(2), Node(3, [Node(4)])])]
+    batch = [(t, torch.rand((), dtype=torch.float64)) for t in trees]
+    assert_batches_match_eager(batched, model, batch)
+    assert batched.report.structures == 2
+    with pytest.raises(FrontendError, match=r"sample 0: a tensor at argument 0\.word"):
+        batched([(Node(torch.tensor(1)), torch.ones((), dtype=torch.float64))])
+
+
+def test_a_model_that_mixes_samples_rows_runs_one_by_one_with_the_reason_logged():
+    class WholeInput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, n, x):
+            return self.lin(x.sum(0)) * n   # reads all of its input at once: no row of a group
+
+    model = WholeInput().double()
+    batched = dynamo_relational.batch(model)
+    batch = [(2, torch.randn(4, 3, dtype=torch.float64)), (3, torch.randn(2, 3, dtype=torch.float64))]
+    with warnings_logged() as messages:
+        assert_batches_match_eager(batched, model, batch)
+    assert batched.report.unbatched == 1
+    assert any("one by one" in m for m in messages), messages
+
+
+def test_samples_may_return_structured_results_with_constants():
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, nbrs, x):
+            h = torch.stack([torch.relu(sum(self.lin(x[u]) for u in n)) for n in nbrs])
+            return {"nodes": h, "root": h[0], "size": len(nbrs)}
+
+    model = Pair().double()
+    batched = dynamo_relational.batch(model)
+    batch = [([[0, 1], [1]], torch.randn(2, 3, dtype=torch.float64)),
+             ([[0], [0, 2], [1, 2]], torch.randn(3, 3, dtype=torch.float64))]
+    got = batched(batch)
+    want = [model(*s) for s in batch]
+    for g, w in zip(got, want):
+        assert g.keys() == w.keys() and g["size"] == w["size"]
+        torch.testing.assert_close(g["nodes"], w["nodes"], **TOLERANCE)
+        torch.testing.assert_close(g["root"], w["root"], **TOLERANCE)
+
+
+def test_switching_to_eval_traces_again():
+    class Dropping(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = TreeRNN(3, hidden=4)
+            self.drop = nn.Dropout(0.5)
+
+        def forward(self, children, x):
+            return self.drop(self.rnn(children, x))
+
+    model = Dropping().double().eval()
+    batched = dynamo_relational.batch(model)
+    batch = [([[1], []], torch.randn(2, 3, dtype=torch.float64))]
+    assert_batches_match_eager(batched, model, batch)
+    model.train()
+    model.eval()
+    assert_batches_match_eager(batched, model, batch)
+    assert batched.report.structures == 1
+
+
+def test_bad_batches_are_refused_with_the_sample_named():
+    batched = dynamo_relational.batch(TreeRNN(3, hidden=4))
+    with pytest.raises(FrontendError, match="list of samples"):
+        batched(torch.zeros(3))
+    with pytest.raises(FrontendError, match=r"sample 1: the structure at argument 0\[0\]"):
+        batched([([[1], []], torch.randn(2, 3)), ([{1}, []], torch.randn(2, 3))])
+    assert batched([]) == []
