@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from dynamo_relational.passes.distinct_outputs import replayable_view, view_base
+from dynamo_relational.passes.distinct_outputs import view_base
 
 
 def compile_with_views_outside(compile_fn: Callable, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -42,8 +42,7 @@ def _split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule] | None:
     graph = gm.graph
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     values = output.args[0]
-    if not isinstance(values, (list, tuple)) or not any(isinstance(v, fx.Node) and replayable_view(v)
-                                                        for v in values):
+    if not isinstance(values, (list, tuple)) or all(view_base(v) is v for v in values):
         return None
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     returned: dict = {}   # node -> its position among core's outputs

@@ -208,10 +208,22 @@ def replayable_view(node: fx.Node) -> bool:
 
 
 def view_base(value):
-    """The value that ``value`` is computed from by :func:`replayable_view` views; ``value`` itself if none."""
+    """The tensor that ``value`` is computed from by :func:`replayable_view` views; ``value`` itself if none.
+    A tuple is no base: ``torch.topk(h, 2)[0]`` is the values tensor itself, not a view of the tuple (a view
+    reads the tensor past it: ``h.split(2)[0]`` is a view of ``h``)."""
+    base = value
     while isinstance(value, fx.Node) and replayable_view(value):
         value = value.args[0]
-    return value
+        if _holds_tensor(value):
+            base = value
+    return base
+
+
+def _holds_tensor(node: fx.Node) -> bool:
+    """Whether ``node``'s value is one tensor (not a tuple of them, as ``torch.topk``'s): by Dynamo's fake value
+    where it has one (its shape may be symbolic), else by the shape the passes keep (:func:`tensor_info`)."""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return isinstance(value, torch.Tensor) if value is not None else tensor_info(node) is not None
 
 
 #: ``view`` replayed on a value whose layout may differ from eager's: ``reshape`` views where it can
