@@ -55,9 +55,11 @@ log = logging.getLogger("dynamo_relational")
 
 __all__ = ["batch", "BatchedModule", "BatchReport", "fingerprint"]
 
-#: a batch of known structures outside the main union regroups all structures when they are at least
-#: this fraction of the main union's (so the main union doubles: regrouping costs O(structures) in all); else the batch groups its own
-REGROUP_FRACTION = 1.0
+#: a batch whose structures are not all in the main union regroups all structures into a new main union when
+#: the structures outside it number at least this fraction of its own (the batch brings new structures: the
+#: main union doubles, so regrouping costs O(structures) in all), or of this fraction (it brings none: the
+#: second epoch regroups once); else it groups a union of its own structures
+REGROUP_WITH_NEW, REGROUP_KNOWN = 1.0, 0.125
 
 
 def batch(model: nn.Module, *, key: Callable[..., Hashable] | None = None, **options: Any) -> "BatchedModule":
@@ -170,9 +172,9 @@ class BatchedModule(nn.Module):
             return []
         self._drop_if_state_changed()
         keys, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
-        self._trace_new(keys, samples, tensors)
+        new = self._trace_new(keys, samples, tensors)
         refused = next((self._structures[k].refused for k in keys if self._structures[k].refused), None)
-        union = refused or self._union_for(keys)
+        union = refused or self._union_for(keys, new)
         if isinstance(union, str):
             return self._one_by_one(samples, union)
         return self._run(union, keys, tensors)
@@ -200,10 +202,11 @@ class BatchedModule(nn.Module):
             self._unions.clear()
         self._state = state
 
-    def _trace_new(self, keys: Sequence[Hashable], samples: list[tuple], tensors: Sequence[list]) -> None:
+    def _trace_new(self, keys: Sequence[Hashable], samples: list[tuple], tensors: Sequence[list]) -> bool:
+        """Trace the structures not seen before; whether there were any."""
         new = {k: (s, t) for k, s, t in zip(keys, samples, tensors) if k not in self._structures}
         if not new:
-            return
+            return False
         start = time.perf_counter()
         with CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
             for k, (sample, sample_tensors) in new.items():
@@ -211,6 +214,7 @@ class BatchedModule(nn.Module):
                 progress.step()
         self.report.structures = len(self._structures)
         self.report.trace_seconds += time.perf_counter() - start
+        return True
 
     def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> _Structure:
         call = _SampleCall(self.model, sample)
@@ -224,7 +228,7 @@ class BatchedModule(nn.Module):
         return _Structure(graph)
 
     # -- unions -------------------------------------------------------------
-    def _union_for(self, keys: Sequence[Hashable]) -> _Union | str:
+    def _union_for(self, keys: Sequence[Hashable], new: bool) -> _Union | str:
         """A union holding every structure of ``keys``, grouped now if none does; else why it cannot be."""
         wanted = set(keys)
         for union in self._unions:
@@ -232,7 +236,7 @@ class BatchedModule(nn.Module):
                 return union
         main = self._unions[0].keys if self._unions else []
         outside = len(self._structures) - len(main)
-        if outside >= REGROUP_FRACTION * len(main):
+        if outside >= (REGROUP_WITH_NEW if new else REGROUP_KNOWN) * len(main):
             union = self._group(list(self._structures))
             if not isinstance(union, str):
                 self._unions = [union]
@@ -267,7 +271,7 @@ class BatchedModule(nn.Module):
     # -- running ------------------------------------------------------------
     def _run(self, union: _Union, keys: Sequence[Hashable], tensors: Sequence[list]) -> list[Any]:
         start = time.perf_counter()
-        batch = Batch(torch.tensor([union.position[k] for k in keys], dtype=torch.long))
+        batch = Batch([union.position[k] for k in keys])
         inputs = []
         for j, layout in enumerate(union.layout.inputs):
             parts = [sample_tensors[j] for sample_tensors in tensors]

@@ -122,7 +122,7 @@ def train_epoch(model, data: list[tuple], targets: torch.Tensor, batch_size: int
     for i in range(0, len(order), batch_size):
         chosen = order[i:i + batch_size]
         outputs = model([data[j] for j in chosen])
-        loss = sum(((out.sum() - targets[j]) ** 2 for out, j in zip(outputs, chosen)), torch.zeros(()))
+        loss = sum(((out.mean() - targets[j]) ** 2 for out, j in zip(outputs, chosen)), torch.zeros(())) / len(chosen)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

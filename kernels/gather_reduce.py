@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy
 import torch
 from torch import Tensor
 
@@ -49,6 +50,9 @@ ADJOINT = {"sum": "sum", "mean": "mean_adjoint", "mean_adjoint": "mean"}
 
 def pack_csr(offsets: Tensor, index: Tensor, columns: int) -> Tensor:
     """One buffer holding ``A`` (``offsets``, ``index``) and ``A^T`` for a source of ``columns`` rows."""
+    if offsets.device.type == "cpu" and index.device.type == "cpu":
+        return torch.from_numpy(_pack_csr_numpy(offsets.numpy().astype(numpy.int64, copy=False),
+                                                index.numpy().astype(numpy.int64, copy=False), columns))
     offsets, index = offsets.long(), index.long()
     rows = offsets.shape[0] - 1
     row_of = torch.repeat_interleave(torch.arange(rows, device=offsets.device), offsets[1:] - offsets[:-1],
@@ -59,6 +63,17 @@ def pack_csr(offsets: Tensor, index: Tensor, columns: int) -> Tensor:
     packed = torch.cat([offsets, index, offsets_t, row_of[order]])
     # MKL's sparse product takes 32-bit indices; storing them so saves a conversion per call.
     return packed.to(torch.int32) if packed.numel() == 0 or int(packed.max()) < 2 ** 31 - 1 else packed
+
+
+def _pack_csr_numpy(offsets: numpy.ndarray, index: numpy.ndarray, columns: int) -> numpy.ndarray:
+    """:func:`pack_csr` on the CPU, in numpy: the same buffer, several times faster for the small index arrays
+    of one batch (``dynamo_relational.batch`` packs them on every call)."""
+    row_of = numpy.repeat(numpy.arange(offsets.shape[0] - 1), numpy.diff(offsets))
+    order = numpy.argsort(index, kind="stable")
+    offsets_t = numpy.zeros(columns + 1, dtype=numpy.int64)
+    numpy.cumsum(numpy.bincount(index, minlength=columns), out=offsets_t[1:])
+    packed = numpy.concatenate([offsets, index, offsets_t, row_of[order]])
+    return packed.astype(numpy.int32) if packed.size == 0 or packed.max() < 2 ** 31 - 1 else packed
 
 
 def unpack_csr(csr: Tensor, rows: int, columns: int, transpose: bool = False) -> tuple[Tensor, Tensor]:
