@@ -298,8 +298,9 @@ def _element_sums(values: Sequence[torch.Tensor]) -> torch.Tensor:
 class NeuraLogicModule(nn.Module):
     """The engine's networks of a built dataset, one torch op per neuron (see ``to_module``).
 
-    ``forward()`` takes no arguments and returns a 1-D tensor: every sample's output (its query
-    neuron's value, flattened) in sample order. ``targets`` holds the samples' targets the same way.
+    ``forward()`` returns a 1-D tensor: every sample's output (its query neuron's value, flattened) in
+    sample order; ``forward(i)`` computes sample ``i``'s network alone and returns its output.
+    ``targets`` holds the samples' targets the same way.
     The engine's learnable weights are the parameters ``weights["w<index>"]``; fixed weights
     (and the engine's constants) are buffers.
     """
@@ -339,16 +340,41 @@ class NeuraLogicModule(nn.Module):
         where, key = self._weight_attr[index]
         return self.weights[key] if where == "weights" else getattr(self, key)
 
-    def forward(self) -> torch.Tensor:
-        values: list[torch.Tensor] = []
-        for step in self.steps:
+    def forward(self, sample: int | None = None) -> torch.Tensor:
+        """Every sample's output (``sample`` None), or the output of sample ``sample`` alone: its network
+        only, the form ``dynamo_relational.batch(module)`` trains in mini-batches (``batched([(i,), ...])``)."""
+        if sample is None:
+            values = self._evaluate(range(len(self.steps)))
+            return torch.cat([values[i].reshape(-1) for i in self.outputs])
+        if not 0 <= sample < len(self.outputs):
+            raise IndexError(f"sample {sample} of a module of {len(self.outputs)} samples")
+        output = self.outputs[sample]
+        return self._evaluate(self._network_of(output))[output].reshape(-1)
+
+    def _network_of(self, output: int) -> list[int]:
+        """The neurons that neuron ``output`` reads, directly or not, and itself, in program order."""
+        seen, todo = {output}, [output]
+        while todo:
+            step = self.steps[todo.pop()]
+            if step[0] == "neuron":
+                for i in step[1]:
+                    if i not in seen:
+                        seen.add(i)
+                        todo.append(i)
+        return sorted(seen)
+
+    def _evaluate(self, neurons) -> dict[int, torch.Tensor]:
+        """The values of ``neurons`` (in program order: each reads earlier ones only)."""
+        values: dict[int, torch.Tensor] = {}
+        for index in neurons:
+            step = self.steps[index]
             if step[0] == "fact":
                 _, start, size, shape = step
-                values.append(self.facts[start] if size == 1 and shape == () else
-                              self.facts[start:start + size].reshape(shape))
+                values[index] = (self.facts[start] if size == 1 and shape == () else
+                                 self.facts[start:start + size].reshape(shape))
                 continue
             if step[0] == "weight":
-                values.append(self.weight(step[1]))
+                values[index] = self.weight(step[1])
                 continue
             _, inputs, weights, offset, combination, transformation, shape = step
             fed = [] if offset is None else [self.weight(offset)]
@@ -361,8 +387,8 @@ class NeuraLogicModule(nn.Module):
                 out = TRANSFORMATIONS[transformation](out, self.leaky_relu_alpha)
             if tuple(out.shape) != shape:
                 out = out.reshape(shape)
-            values.append(out)
-        return torch.cat([values[i].reshape(-1) for i in self.outputs])
+            values[index] = out
+        return values
 
     @staticmethod
     def _combine(combination: str, fed: list[torch.Tensor]) -> torch.Tensor:

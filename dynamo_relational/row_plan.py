@@ -46,11 +46,11 @@ _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 _SEGMENT_REDUCE = torch.ops.dynamo_relational.segment_reduce.default
 _LINEAR = {torch._C._nn.linear, torch.nn.functional.linear}
 _MATMUL = {torch.matmul, operator.matmul, torch.mm, torch.bmm}
-#: calls whose ``dim`` argument (position 1, or keyword) names the dims they work along
+#: calls that work along the dims their ``dim`` argument names (read from the op's schema)
 _ALONG = {"sum", "mean", "amax", "amin", "prod", "softmax", "log_softmax", "logsumexp", "cumsum", "cumprod",
           "norm", "std", "var", "max", "min", "argmax", "argmin", "all", "any", "normalize", "glu"}
 #: methods and functions that keep every row as it is (no dims, or dtype only)
-_KEEP = {"clone", "contiguous", "detach", "to", "float", "double", "half", "bfloat16", "type_as", "abs"}
+_KEEP = {"clone", "contiguous", "detach", "to", "float", "double", "half", "bfloat16", "type_as"}
 _CELLS = {torch.gru_cell, torch.rnn_tanh_cell, torch.rnn_relu_cell}
 
 
@@ -109,8 +109,31 @@ class Rows:
         return batch.memo(self, "listing", compute)
 
 
+class SharedRows(Rows):
+    """The rows of a shared value joined with rows of samples (``torch.cat([weights, group])``): every batch
+    keeps them all, at the same place (their owner is -1)."""
+
+    def __init__(self, rows: int, samples: int):
+        self.rows = rows
+        self.owner = numpy.full(rows, -1, dtype=numpy.int64)
+        self.rank = numpy.arange(rows)
+        self.leaf_of = numpy.zeros_like(self.rank)
+        self.counts = numpy.zeros(samples, dtype=numpy.int64)
+        self.counts_by_leaf = self.counts[None]
+
+    def same_as(self, other: Rows) -> bool:
+        return other is self
+
+    def size(self, batch: "Batch") -> int:
+        return self.rows
+
+    def listing(self, batch: "Batch"):
+        raise Refused("rows of a shared value among a sample's results")
+
+
 class CatRows(Rows):
-    """The rows of ``torch.cat`` of rows values: each part's restricted rows, part after part."""
+    """The rows of ``torch.cat`` of rows values (and shared values): each part's restricted rows, part after
+    part."""
 
     def __init__(self, parts: Sequence[Rows]):
         leaves = [leaf for p in parts for leaf in (p.leaves if type(p) is CatRows else [p])]
@@ -122,6 +145,18 @@ class CatRows(Rows):
         self.rank = numpy.concatenate([p.rank for p in leaves])
         self.counts_by_leaf = numpy.stack([p.counts for p in leaves])
         self.counts = self.counts_by_leaf.sum(0)
+        #: the shared parts' rows, kept whole by every batch (0 for parts of samples' rows)
+        self.shared = numpy.array([p.rows if type(p) is SharedRows else 0 for p in leaves])
+
+    def bases(self, batch: "Batch") -> numpy.ndarray:
+        def compute():
+            kept = self.kept(batch)
+            per_part = kept.sum(1) + self.shared
+            return (numpy.cumsum(per_part) - per_part)[:, None] + numpy.cumsum(kept, 1) - kept
+        return batch.memo(self, "bases", compute)
+
+    def size(self, batch: "Batch") -> int:
+        return batch.memo(self, "size", lambda: int(self.kept(batch).sum()) + int(self.shared.sum()))
 
     def same_as(self, other: Rows) -> bool:
         return other is self or (type(other) is CatRows and len(other.leaves) == len(self.leaves)
@@ -228,6 +263,16 @@ class _Analysis:
         self.indices: list[tuple[fx.Node, fx.Node, _Index]] = []
         self.sizes: list[tuple[fx.Node, int, Rows]] = []   # (node, position in args, rows it counts)
         self._interned: dict[bytes, Rows] = {}
+        self._shared_rows: dict[fx.Node, SharedRows] = {}
+
+    def shared_rows(self, part: fx.Node, cat: fx.Node) -> SharedRows:
+        """The rows of shared ``part`` of ``cat`` (one :class:`SharedRows` per part: its identity is its rows')."""
+        info = tensor_info(part)
+        if part not in self.shared or info is None or not info.shape:
+            raise Refused(f"{_describe(cat)} joins rows of samples with other values")
+        if part not in self._shared_rows:
+            self._shared_rows[part] = SharedRows(info.shape[0], self.samples)
+        return self._shared_rows[part]
 
     def rows_of(self, owner: torch.Tensor | numpy.ndarray) -> Rows:
         """One :class:`Rows` per distinct owner vector: what a batch computes for it is computed once."""
@@ -336,33 +381,33 @@ class _Analysis:
 
     def _gathered_rows(self, node, kind, source: Rows | None, offsets, index) -> Rows:
         """The rows of a gather: the grouping's tags, else the samples of the rows it reads."""
-        if ROW_SAMPLES in node.meta:
-            out = self._tagged_rows(node)
-        elif source is None:
-            raise Refused(f"{_describe(node)}: which sample each gathered row belongs to is not known")
-        elif kind in ("rows", "select"):
-            out = self.rows_of(source.owner[index])
-        else:
-            starts = offsets[:-1]
-            if bool((offsets[1:] == starts).any()):
-                raise Refused(f"{_describe(node)}: an empty segment has no sample")
-            out = self.rows_of(source.owner[index[starts] if index is not None else starts])
+        derived = None
+        if ROW_SAMPLES not in node.meta and source is not None:   # the samples of the rows read
+            if kind in ("rows", "select"):
+                derived = source.owner[index]
+            elif not bool((offsets[1:] == offsets[:-1]).any()):     # (an empty segment reads no sample)
+                derived = source.owner[index[offsets[:-1]] if index is not None else offsets[:-1]]
+        if derived is not None and bool((derived >= 0).all()):
+            out = self.rows_of(derived)
+        else:   # the grouping's tags (rows of shared values read for the samples' rows)
+            out = self._tagged_rows(node if ROW_SAMPLES in node.meta else _tagged_reader(node))
         if source is not None:   # every row reads rows of its own sample (the samples are disjoint)
             read = source.owner[index] if index is not None else source.owner
             segment_of = numpy.arange(out.rows) if offsets is None else numpy.repeat(
                 numpy.arange(out.rows), offsets[1:] - offsets[:-1])
-            if not numpy.array_equal(read, out.owner[segment_of]):
+            if not numpy.array_equal(numpy.where(read == -1, out.owner[segment_of], read), out.owner[segment_of]):
                 raise Refused(f"{_describe(node)} reads rows of other samples")
         return out
 
     # -- the batch graph --------------------------------------------------------
     def _plan(self, outputs: list[Rows]) -> RowPlan:
         graph = self.gm.graph
-        last = list(graph.find_nodes(op="placeholder"))[-1]
+        data = list(graph.find_nodes(op="placeholder"))
+        last = data[-1] if data else None
         index_inputs, size_inputs = [], []
         for name, inputs, count in (("index", index_inputs, len(self.indices)), ("size", size_inputs, len(self.sizes))):
             for i in range(count):
-                with graph.inserting_after(last):
+                with graph.inserting_after(last) if last is not None else graph.inserting_before(next(iter(graph.nodes))):
                     last = graph.placeholder(f"{name}{i}")
                 inputs.append(last)
         for (gather, csr, index), new in zip(self.indices, index_inputs):
@@ -374,6 +419,21 @@ class _Analysis:
         graph.eliminate_dead_code()
         self.gm.recompile()
         return RowPlan(self.gm, self.samples, [i for _, _, i in self.indices], [r for _, _, r in self.sizes], outputs)
+
+
+def _tagged_reader(node: fx.Node) -> fx.Node:
+    """The first node tagged with its rows' samples down the chain of sole readers of ``node`` that keep its
+    rows (``node`` itself if none): a gather from a shared tensor that the vectorizer emitted for a group,
+    whose tagged result is made from it (reshaped, activated). Each reader's row ``i`` reads row ``i`` of
+    ``node`` only (checked when the reader is visited), so the sample of row ``i`` is the reader's."""
+    rows, at = tensor_info(node).shape[0], node
+    while len(at.users) == 1 and ROW_SAMPLES not in at.meta:
+        reader = next(iter(at.users))
+        info = tensor_info(reader)
+        if info is None or not info.shape or info.shape[0] != rows:
+            break
+        at = reader
+    return at if ROW_SAMPLES in at.meta else node
 
 
 def _propagate_shapes(gm: fx.GraphModule) -> None:
@@ -403,9 +463,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         raise Refused(f"{_describe(node)}: forward uses a tensor argument as a whole; only its rows (x[v], "
                       "x[v, :k]) are batched")
     if target is torch.cat and _dim(args, kwargs, 1, 0, rank) == 0:
-        if not all(a in analysis.rows for a in args[0]):
-            raise Refused(f"{_describe(node)} joins rows of samples with other values")
-        return CatRows([analysis.rows[a] for a in args[0]])
+        return CatRows([analysis.rows[a] if a in analysis.rows else analysis.shared_rows(a, node) for a in args[0]])
     if not all(r.same_as(first) for r in operand_rows[1:]):
         raise Refused(f"{_describe(node)} combines rows of different layouts")
     if info is None or rank == 0 or info.shape[0] != first.rows:
@@ -431,10 +489,16 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
             raise Refused(f"{_describe(node)}: a linear map of rows needs a shared weight")
         return first
     if node.op == "call_function" and target in _MATMUL:
-        if args[0] not in analysis.rows or _rank(args[0]) < 2 or (args[1] in analysis.rows) != (_rank(args[1]) == rank):
-            raise Refused(f"{_describe(node)}: a product of rows needs rows on the left")
-        if args[1] not in analysis.rows and _rank(args[1]) > 2:
-            raise Refused(f"{_describe(node)}: a shared batched weight")
+        a, b = args[0], args[1]
+        ra, rb = _rank(a), _rank(b)
+        if a in analysis.rows and b in analysis.rows:
+            keeps = ra == rb == rank >= 3                 # one product per row
+        elif a in analysis.rows:
+            keeps = ra == rank >= 2 and rb <= 2           # rows @ W
+        else:
+            keeps = rb == rank >= 3 and ra <= 2           # W @ each row (the row's dims after the first)
+        if not keeps:
+            raise Refused(f"{_describe(node)}: a product that contracts or broadcasts the rows of samples")
         return first
     if node.op == "call_function" and target in _CELLS:
         if any(a in analysis.rows for a in args[2:]):
@@ -448,7 +512,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
     if name in _KEEP and not _flat_nodes((args[1:], kwargs)):
         return first
     if name in _ALONG:
-        dims = _dim(args, kwargs, 1, None, _rank(args[0]))
+        dims = _dims_by_schema(node, name, _rank(args[0]))
         if dims is not None and 0 not in (dims if isinstance(dims, tuple) else (dims,)):
             return first
         raise Refused(f"{_describe(node)} works along dim 0, across the rows of samples")
@@ -495,8 +559,27 @@ def _shape_path(node: fx.Node) -> tuple[int, ...]:
     return (1, 0) if isinstance(node.args[1], (tuple, list)) else (1,)
 
 
+def _dims_by_schema(node: fx.Node, name: str, rank: int):
+    """The ``dim`` argument of a call of ``torch.<name>`` (or the method), by the op's signature (``norm``'s
+    second argument is ``p``, ``std``'s may be ``unbiased``); None where it is absent or not certain."""
+    from torch.fx.operator_schemas import normalize_function
+
+    function = node.target if node.op == "call_function" else getattr(torch, name, None)
+    if function is None:
+        return None
+    try:
+        bound = normalize_function(function, tuple(node.args), dict(node.kwargs), normalize_to_only_use_kwargs=True)
+    except Exception:
+        return None
+    if bound is None or "dim" not in bound.kwargs:
+        return None
+    return _dim((), bound.kwargs, 0, None, rank)
+
+
 def _keeps_dim0(node: fx.Node, rank: int) -> bool:
     target, args = node.target, node.args
+    if node.kwargs:
+        return False
     if target in ("reshape", "view", "expand"):
         shape = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
         return bool(shape) and shape[0] == tensor_info(args[0]).shape[0]

@@ -208,3 +208,12 @@ def test_dropout_benchmark_groups_dropout_only_with_the_option():
     assert (eager["variant"], in_order["variant"], grouped["variant"]) == ("eager", "in eager's order", "group_dropout")
     assert in_order["ungrouped"] > 0 and grouped["ungrouped"] == 0, (in_order, grouped)
     assert grouped["nodes_after"] < in_order["nodes_after"] / 3 and grouped["step_ms"] > 0
+
+
+def test_dynamic_benchmark_trains_batched_as_eager():
+    from benchmarks import dynamic
+
+    [result] = dynamic.main(["--models", "treernn", "--samples", "12", "--batch", "4", "--epochs", "3"])
+    assert result["weight_diff"] < 1e-5
+    assert result["report"].unbatched == 0 and result["report"].structures == 12
+    assert len(result["epochs"]) == 3 and result["steady_ratio"] > 0

@@ -266,3 +266,27 @@ def test_large_bundled_datasets_compiled_match_engine(name, compression):
     module = to_module(model, dataset)
     compiled = dynamo_relational.compile(module, (), strict=True)
     torch.testing.assert_close(compiled(), engine_outputs(model, dataset), **EXACT)
+
+
+def test_samples_trained_in_mini_batches_match_the_whole_module():
+    """Each sample's network alone (forward(i)), batched by dynamo_relational.batch in shuffled mini-batches:
+    the outputs and gradients of the module computing every sample at once."""
+    import dynamo_relational
+
+    model, dataset = built("template", False)
+    module = to_module(model, list(dataset)[:8])
+    batched = dynamo_relational.batch(module)
+    for batch in ([3, 0, 5], [1, 2, 4, 6, 7], [5, 3, 3]):
+        got = torch.cat(batched([(i,) for i in batch]))
+        whole = module()
+        torch.testing.assert_close(got, whole[batch], **EXACT)
+        weights = torch.randn(len(batch), dtype=torch.float64)
+        params = list(module.parameters())
+        got_grads = torch.autograd.grad((got * weights).sum(), params, allow_unused=True)
+        want_grads = torch.autograd.grad((whole[batch] * weights).sum(), params, allow_unused=True)
+        for g, w in zip(got_grads, want_grads):
+            assert (g is None) == (w is None) or torch.count_nonzero(g if g is not None else w) == 0
+            if g is not None and w is not None:
+                torch.testing.assert_close(g, w, **EXACT)
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+    assert batched.report.structures == 8 and batched.report.groupings <= 3
