@@ -189,9 +189,12 @@ def _skipped_by_target(node: fx.Node):
     """:func:`_skipped` for every node of ``node``'s op and target, leaving out the check of the
     ``inplace=``/``out=`` keywords (the caller makes it per node); :data:`_DEPENDS` where the
     arguments decide. Every part of it depends on the op and target alone except
-    ``_is_pure_view`` of ``getattr`` and whether a dropout is in training."""
+    ``_is_pure_view`` of ``getattr``, whether a dropout is in training, and the family of a
+    target whose calls are in the catalog by their arguments (:meth:`Registry.per_call`)."""
     op, target = node.op, node.target
     if op == "call_function" and (target is getattr or _is_dropout(target)):
         return _DEPENDS
+    if op in ("call_function", "call_method") and REGISTRY.per_call(op, target):
+        return _DEPENDS   # (torch.max(a, b) is in the catalog, torch.max(a) not)
     return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not is_factory(node)) \
         or target_in_place(op, target)

@@ -102,7 +102,7 @@ def _in_place_name(name: str) -> bool:
 #: catalog ops that may return their input itself or a view of it (a cast to the same dtype, ``detach``,
 #: dropout outside training): writing into their result writes into their input
 _MAY_ALIAS = {"detach", torch.detach, "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long",
-              "bool", *RANDOM_IN_TRAINING}
+              "short", "char", "byte", "bool", "cfloat", "cdouble", "chalf", *RANDOM_IN_TRAINING}
 
 
 def _fresh_temporary(node: fx.Node, user: fx.Node) -> bool:
@@ -158,11 +158,11 @@ def _pure_call(node: fx.Node):
         return None
     if node.op == "call_method":
         plain = name[:-1]
-        return (node.op, plain, dict(kwargs)) if plain in REGISTRY.methods else None
+        return (node.op, plain, dict(kwargs)) if REGISTRY.knows(node.op, plain) else None
     for module in (torch, F):   # torch.relu_ -> torch.relu, F.elu_ -> F.elu
         if getattr(module, name, None) is node.target:
             plain = getattr(module, name[:-1], None)
-            if plain is not None and REGISTRY.functions.get(plain) is not None:
+            if plain is not None and REGISTRY.knows(node.op, plain):
                 return node.op, plain, dict(kwargs)
     return None
 

@@ -3,8 +3,8 @@
 Rewrites ``f(gather(X, I))`` into ``gather(f(X), I)`` for a row-wise ``f``:
 
 * ``F.linear(x, W, b)`` and ``x @ W`` with a shared 2-D weight (one ``mm``);
-* unary elementwise ops (``relu``, ``sigmoid``, ``tanh``, ...) whose other
-  arguments are constants.
+* elementwise ops (``relu``, ``sigmoid``, ``tanh``, ``h * 2``, ...) whose other
+  arguments are constants and whose result has the operand's dtype.
 
 Legal because a row-wise op computes row ``i`` of its output from row ``i`` of
 its input alone, so computing it on all rows of ``X`` and then reading rows
@@ -32,14 +32,14 @@ import torch
 import torch.fx as fx
 
 from dynamo_relational.ops import TensorInfo, tensor_info
-from dynamo_relational.ops.elementwise import _UNARY
+from dynamo_relational.ops.elementwise import row_wise
 
 from .context import PassContext
 from .gather_nodes import as_gather, rows, set_source
 from .linear_nodes import linear_args
 
 _MATMUL = {torch.matmul, operator.matmul, torch.mm}
-_UNARY_OPS = set(_UNARY) - {torch.clamp, torch.clip}  # clamp's bounds may be tensors
+_BOUNDED = (torch.clamp, torch.clip)  # clamp's bounds may be tensors
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -103,11 +103,10 @@ def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
     if user.target in _MATMUL:
         weight, x = tensor_info(user.args[1]) if len(user.args) > 1 else None, tensor_info(operand)
         return info is not None and weight is not None and weight.rank == 2 and x is not None and x.rank == 2
-    try:
-        unary = user.target in _UNARY_OPS
-    except TypeError:
-        return False
-    return unary and not any(isinstance(a, fx.Node) for a in rest)
+    # an elementwise op of this operand and constants; its result's rows are like the operand's (_result_row)
+    return row_wise(user) and user.target not in _BOUNDED and not any(isinstance(a, fx.Node) for a in rest) \
+        and tensor_info(user) is not None and tensor_info(operand) is not None \
+        and tensor_info(user).dtype == tensor_info(operand).dtype
 
 
 def _postponable(gm: fx.GraphModule, node: fx.Node):

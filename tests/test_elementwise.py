@@ -1,5 +1,8 @@
 """The elementwise family beyond arithmetic: comparisons, logical and bitwise ops, ``masked_fill`` and dtype
-casts group like arithmetic, through both front-ends, and match eager."""
+casts group like arithmetic, through both front-ends, and match eager; so do the ops torch tags pointwise,
+op_db's unary and binary elementwise ops among them."""
+import types
+
 import pytest
 import torch
 import torch.fx as fx
@@ -272,3 +275,175 @@ def test_per_neuron_scalars_in_low_precision_round_as_eager(front_end, dtype):
         compiled = dynamo_relational.compile(model, x, strict=True, inductor=False)
     got, want = compiled(x), model(x)
     assert got.dtype == dtype and torch.equal(got, want), (got != want).sum()
+
+
+class TaggedPointwise(nn.Module):
+    """Ops outside the hand tables that torch tags pointwise, as functions, methods and an in-place method on a
+    fresh value, beside ``torch.max`` of one tensor (a reduction: not pointwise) and a 0-d operand of
+    another dtype shared by all neurons."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(0.1, dtype=torch.float64))
+
+    def forward(self, x):
+        out = []
+        for v in range(ROWS):
+            h, g = x[v], x[(v + 1) % ROWS]
+            steps = (h.detach() * 2).heaviside_(g.detach()) + torch.heaviside(h.detach(), g.detach())
+            z = (torch.special.entr(h.abs()) + torch.max(h, g) + torch.min(input=h, other=g) + h.float_power(2)
+                 + torch.ldexp(h, steps) + torch.special.erfcx(h) + torch.polygamma(1, h.abs() + 1) + steps
+                 + torch.rsub(h, 1.5) + torch.signbit(h) + torch.nextafter(h, g) + torch.max(h))
+            out.append(z + torch.mul(h.float()[0], self.scale))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_ops_torch_tags_pointwise_group_and_match_eager(front_end):
+    torch.manual_seed(0)
+    report = report_matching_eager(front_end, TaggedPointwise(), torch.randn(ROWS, WIDTH, dtype=torch.float64),
+                                   inductor=False)
+    assert set(report.ungrouped) == {"no vectorizer for call_function max"}, report.ungrouped   # torch.max(h)
+    assert report.nodes_after < report.nodes_before / 5   # (the ROWS calls of torch.max(h) stay, with their reads)
+
+
+def test_targets_tagged_pointwise_but_random_or_copies_are_not_elementwise():
+    """``rrelu`` is tagged pointwise and ``nondeterministic_seeded``; a ``clone`` is made to be written into."""
+    from dynamo_relational.ops import REGISTRY
+
+    for op, target in [("call_function", torch.rrelu), ("call_function", torch.clone), ("call_method", "clone"),
+                       ("call_function", torch.bernoulli), ("call_method", "heaviside_")]:
+        assert REGISTRY.resolved(op, target) is None, target
+    assert REGISTRY.resolved("call_function", torch.special.entr) is not None
+
+
+# ------------------------------------------------------------------ op_db's elementwise ops, one call per row
+
+#: op_db's unary and binary elementwise ops left out: (name, variant) -> why
+_OPINFO_SKIPS = {
+    ("nn.functional.rrelu", ""): "random in training, as most of its samples are",
+    ("frexp", ""): "returns two tensors",
+    ("chalf", ""): "complex32: no CPU sum to stack its rows into",
+    **{(name, ""): "CUDA only" for name in ("jiterator_unary", "jiterator_binary", "jiterator_binary_return_by_ref")},
+}
+#: ops that stay ungrouped (each with a logged reason): untagged, so not known to be pointwise; ``positive``,
+#: ``conj`` and ``real`` return their input itself, and ``prelu``'s weight runs along dimension 1
+_UNGROUPED_OPINFOS = {"positive", "conj", "real", "isreal", "fill", "complex", "polar", "nn.functional.prelu"}
+#: rows per model; values of a row are its sample's, rolled by the row's number (different, in the op's domain)
+_OP_ROWS = 3
+
+
+class _OneCallPerRow(nn.Module):
+    """``torch.stack([op(x[i], *args_i) for i in rows])``: ``args`` holds the sample's constants, and None where
+    the sample has a tensor, whose row ``i`` (a row of ``tensors``) is passed instead."""
+
+    def __init__(self, op, args: list, kwargs: dict):
+        super().__init__()
+        self.op, self.args, self.kwargs = op, args, kwargs
+
+    def forward(self, x, *tensors):
+        out = []
+        for i in range(_OP_ROWS):
+            rows = iter([t[i] for t in tensors])
+            args = [next(rows) if a is None else a for a in self.args]
+            kwargs = {k: next(rows) if v is None else v for k, v in self.kwargs.items()}
+            out.append(self.op(x[i], *args, **kwargs))
+        return torch.stack(out)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    flat = t.reshape(-1)
+    return torch.stack([flat.roll(i).reshape(t.shape) for i in range(_OP_ROWS)])
+
+
+def _small_samples(opinfo) -> list:
+    """Up to two float64 samples of at most 400 elements per tensor: the first, and the first that broadcasts."""
+    samples = []
+    for s in opinfo.sample_inputs("cpu", torch.float64):
+        tensors = [s.input, *(a for a in (*s.args, *s.kwargs.values()) if isinstance(a, torch.Tensor))]
+        if isinstance(s.input, torch.Tensor) and all(0 < t.numel() <= 400 for t in tensors) \
+                and not any(isinstance(a, (list, tuple)) for a in (*s.args, *s.kwargs.values())):
+            samples.append(s)
+    broadcasting = [s for s in samples[1:] if any(isinstance(a, torch.Tensor) and a.shape != s.input.shape
+                                                  for a in s.args)]
+    return samples[:1] + broadcasting[:1]
+
+
+def _as_called(op):
+    """``op`` as user code calls it: a Tensor method of C by name (``x.heaviside(y)``; the descriptor
+    ``torch.Tensor.heaviside`` does not take a traced value), anything else as it is."""
+    if isinstance(op, types.MethodDescriptorType):
+        return lambda x, *args, **kwargs: getattr(x, op.__name__)(*args, **kwargs)
+    return op
+
+
+def _groups_and_matches_eager(opinfo, op, sample) -> tuple[bool, dict]:
+    """Compile the op's one-call-per-row model on ``sample``; check outputs and gradients against eager
+    (within 1e-8); return whether the op grouped, and the report's reasons for what did not."""
+    tensors = [a for a in (*sample.args, *sample.kwargs.values()) if isinstance(a, torch.Tensor)]
+    model = _OneCallPerRow(_as_called(op), [None if isinstance(a, torch.Tensor) else a for a in sample.args],
+                           {k: None if isinstance(v, torch.Tensor) else v for k, v in sample.kwargs.items()})
+    leaves = [_rows(t).requires_grad_(t.is_floating_point() and opinfo.supports_autograd)
+              for t in (sample.input, *tensors)]
+    compiled = dynamo_relational.compile(model, leaves, inductor=False, strict=True)
+    got, want = compiled(*leaves), model(*leaves)
+    close = dict(rtol=1e-8, atol=1e-8, equal_nan=True)
+    torch.testing.assert_close(got, want, **close)
+    if want.requires_grad:
+        wrt = [leaf for leaf in leaves if leaf.requires_grad]
+        as_real = torch.view_as_real if want.is_complex() else (lambda t: t)
+        weights = torch.randn(as_real(want).shape, dtype=torch.float64)
+        losses = [(as_real(out) * weights).sum() for out in (got, want)]
+        for g, w in zip(*(torch.autograd.grad(loss, wrt, allow_unused=True) for loss in losses)):
+            if w is None:
+                assert g is None or not g.any()
+            else:
+                torch.testing.assert_close(g, w, **close)
+    report = compiled.report.graphs[0]
+    # grouped: nothing left ungrouped, and the per-row calls became one node (beside the inputs, the output
+    # and at most a reshape per operand and the final stack)
+    grouped = not report.ungrouped and report.nodes_after <= 2 * len(leaves) + 3
+    return grouped, dict(report.ungrouped)
+
+
+@pytest.fixture(scope="module")
+def elementwise_opinfos():
+    """op_db's unary and binary elementwise ops with float64 samples on the CPU, less :data:`_OPINFO_SKIPS`."""
+    pytest.importorskip("expecttest")   # (what torch's test helpers import)
+    # importing torch's test helpers forbids setting torch.backends flags (disable_global_flags) for the tests
+    # that run after: set back as it was
+    backends = torch.backends.disable_global_flags.__globals__
+    allowed = backends["__allow_nonbracketed_mutation_flag"]
+    from torch.testing._internal.common_methods_invocations import BinaryUfuncInfo, UnaryUfuncInfo, op_db
+
+    backends["__allow_nonbracketed_mutation_flag"] = allowed
+
+    return [o for o in op_db if isinstance(o, (UnaryUfuncInfo, BinaryUfuncInfo))
+            and torch.float64 in o.supported_dtypes("cpu") and (o.name, o.variant_test_name) not in _OPINFO_SKIPS]
+
+
+@pytest.mark.parametrize("variant", ["function", "method"])
+def test_op_db_elementwise_ops_written_one_call_per_row_group_and_match_eager(elementwise_opinfos, variant):
+    """Every unary and binary elementwise OpInfo (``torch.special.*``, ``torch.max(a, b)``, ``heaviside``,
+    ``float_power``, ``ldexp``, ``polygamma``, ..., most recognised by torch's ``pointwise`` tag), written as
+    one call per row, computes eager's values and gradients, and groups into one node, except the ops of
+    :data:`_UNGROUPED_OPINFOS`, which stay ungrouped with a reason."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    grouped, ungrouped, ran = [], {}, 0
+    for opinfo in elementwise_opinfos:
+        op = opinfo.op if variant == "function" else opinfo.method_variant
+        if op is None:
+            continue
+        ran += 1
+        name = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+        results = [_groups_and_matches_eager(opinfo, op, s) for s in _small_samples(opinfo)]
+        assert results, f"{name}: no small sample"
+        if all(g for g, _ in results):
+            grouped.append(name)
+        else:
+            ungrouped[opinfo.name] = {reason for _, reasons in results for reason in reasons}
+    print(f"{variant}s: {len(grouped)} of {ran} grouped; ungrouped: {ungrouped}")
+    assert all(ungrouped.values()), ungrouped   # each with a logged reason
+    assert set(ungrouped) <= _UNGROUPED_OPINFOS, ungrouped
+    assert len(grouped) >= {"function": 174, "method": 122}[variant]

@@ -121,18 +121,65 @@ class OpFamily:
 
 @dataclass
 class Registry:
+    """Which family describes a call: the tables ``register`` fills, then, for a target outside
+    them, the families' ``resolve`` hooks (``register_resolver``), asked once per target."""
     functions: dict[Any, OpFamily] = field(default_factory=dict)
     methods: dict[str, OpFamily] = field(default_factory=dict)
+    #: ``resolve(op, target)`` of families that recognise targets by what torch says of them: the family of
+    #: every call of ``target``, a function of the node giving the family of some of its calls, or None
+    resolvers: list[Callable] = field(default_factory=list)
+    #: what the resolvers answered, per target (op -> target -> answer)
+    _resolved: dict[str, dict] = field(default_factory=lambda: {"call_function": {}, "call_method": {}})
 
     def family_of(self, node: fx.Node) -> OpFamily | None:
-        if node.op == "call_function":
+        op, target = node.op, node.target
+        if op == "call_function":
             try:
-                return self.functions.get(node.target)
+                family = self.functions.get(target)
             except TypeError:  # unhashable target
                 return None
-        if node.op == "call_method":
-            return self.methods.get(node.target)
-        return None
+        elif op == "call_method":
+            family = self.methods.get(target)
+        else:
+            return None
+        if family is not None:
+            return family
+        found = self.resolved(op, target)
+        return found if found is None or isinstance(found, OpFamily) else found(node)
+
+    def knows(self, op: str, target: Any) -> bool:
+        """Whether some calls of ``target`` (``op`` ``call_function`` or ``call_method``) belong to a family."""
+        table = self.functions if op == "call_function" else self.methods
+        return table.get(target) is not None or self.resolved(op, target) is not None
+
+    def per_call(self, op: str, target: Any) -> bool:
+        """Whether the family of a call of ``target`` depends on the call's arguments (``torch.max(a, b)`` is
+        elementwise, ``torch.max(a)`` no op of the catalog): what is known per target is not per call."""
+        table = self.functions if op == "call_function" else self.methods
+        try:
+            if table.get(target) is not None:
+                return False
+        except TypeError:  # unhashable target
+            return False
+        found = self.resolved(op, target)
+        return found is not None and not isinstance(found, OpFamily)
+
+    def resolved(self, op: str, target: Any):
+        """What the resolvers say of ``target`` (see :attr:`resolvers`), asked once per target."""
+        cache = self._resolved[op]
+        try:
+            return cache[target]
+        except KeyError:
+            pass
+        found = None
+        for resolve in self.resolvers:
+            found = resolve(op, target)
+            if found is not None:
+                break
+        if len(cache) > 4096:   # targets are few; a bound keeps a long-lived process from collecting them
+            cache.clear()
+        cache[target] = found
+        return found
 
 
 REGISTRY = Registry()
@@ -145,6 +192,11 @@ def register(family: OpFamily, functions: Sequence[Callable] = (), methods: Sequ
             if table.setdefault(target, family) is not family:
                 raise ValueError(f"{target!r} already belongs to the {table[target].name} family, not {family.name}")
     return family
+
+
+def register_resolver(resolve: Callable) -> None:
+    """Ask ``resolve(op, target)`` about targets outside the tables (see :attr:`Registry.resolvers`)."""
+    REGISTRY.resolvers.append(resolve)
 
 
 def node_args(node: fx.Node, names: Sequence[str]) -> dict[str, Any] | None:

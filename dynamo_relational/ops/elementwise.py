@@ -13,17 +13,26 @@ Comparisons, logical and bitwise ops, ``masked_fill`` with a constant,
 dtype casts (``h.to(torch.float64)``, ``m.float()``) and dropout outside
 training (the identity) group the same way; so does dropout in training
 with the ``group_dropout`` option (one mask for the group's rows).
+
+Besides the hand tables, any torch function or Tensor method whose ATen
+overloads are tagged ``torch.Tag.pointwise`` is a member (``torch.special.*``,
+``heaviside``, ``float_power``, ``ldexp``, ``polygamma``; ``torch.max(a, b)``
+but not ``torch.max(a)``): see :func:`_resolve_pointwise`. Its tensor
+arguments broadcast to its output's shape, which the batched call keeps
+(``[k, *shape]``); its other arguments are constants shared by the group.
 """
 from __future__ import annotations
 
 import operator
+import types
 from typing import Sequence
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .base import NeuronOp, OpFamily, freeze, hashable_const, is_scalar, node_args, register, tensor_info
+from .base import (REGISTRY, NeuronOp, OpFamily, freeze, hashable_const, is_scalar, node_args, register,
+                   register_resolver, tensor_info)
 
 
 class _Slot:
@@ -78,6 +87,8 @@ class Elementwise(OpFamily):
             if len({i.dtype for i in infos}) > 1 and any(i.rank == 0 for i in infos):
                 # 0-d tensors take part in type promotion like scalars; batched they would not.
                 return "mixed dtypes with a 0-d operand"
+        if _resolved(node) and _broadcast_shape([tensor_info(o).shape for o in operands]) != info.shape:
+            return "output shape is not the operands' broadcast shape"
         key = (self.name, node.op, node.target, tuple(frozen), tuple(kwargs), info)
         return NeuronOp(node, self, key, tuple(operands), info, tuple(consts), (args, kwargs, column_dtype))
 
@@ -85,12 +96,19 @@ class Elementwise(OpFamily):
         first = members[0]
         args, kwargs, column_dtype = first.template
         k, out = len(members), first.info
-        values = []
+        values, shared = [], []
         for j in range(len(first.operands)):
             value, batched = b.slot([m.operands[j] for m in members])
             if batched:
                 value = b.align(value, tensor_info(first.operands[j]), out.rank, k)
+            else:
+                shared.append(j)
             values.append(value)
+        if out.rank == 0 and shared and len({tensor_info(o).dtype for o in first.operands}) > 1:
+            # 0-d tensors take part in type promotion like scalars: beside batched rows, which are not 0-d,
+            # a shared 0-d operand of another dtype would count for less than it did in each member
+            for j in shared:
+                values[j] = b.graph.call_method("reshape", (values[j], (1,)))
         consts = []
         for j in range(len(first.consts)):
             column = [m.consts[j] for m in members]
@@ -126,6 +144,24 @@ class Elementwise(OpFamily):
                 and any(isinstance(c, fx.Node) for c in consts):
             result = b.graph.call_method("to", (result, out.dtype))   # a float32 column: round back once
         return result
+
+
+def _resolved(node: fx.Node) -> bool:
+    """Whether ``node`` is a member by torch's pointwise tag (see :func:`_resolve_pointwise`), not a hand table."""
+    table = REGISTRY.functions if node.op == "call_function" else REGISTRY.methods
+    return table.get(node.target) is not ELEMENTWISE
+
+
+def _broadcast_shape(shapes: list) -> tuple | None:
+    """The shape ``shapes`` broadcast to, None if they do not."""
+    out = [1] * max(map(len, shapes))
+    for shape in shapes:
+        for i, size in enumerate(shape, len(out) - len(shape)):
+            if out[i] == 1:
+                out[i] = size
+            elif size != 1 and size != out[i]:
+                return None
+    return tuple(out)
 
 
 class _Unsupported(Exception):
@@ -185,44 +221,38 @@ def _template(value, varying: bool, operands: list, consts: list, frozen: list):
     return value
 
 
-_UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.log, torch.neg, torch.abs,
-          torch.sqrt, torch.rsqrt, torch.sin, torch.cos, torch.square, torch.erf, torch.log1p,
-          torch.expm1, torch.reciprocal, torch.sign, torch.clamp, torch.clip, torch.nn.functional.relu,
-          F.sigmoid, F.tanh, F.leaky_relu, F.elu, F.gelu, F.silu, F.softplus, F.relu6, F.hardtanh,
-          F.mish, F.selu, F.celu, F.logsigmoid, operator.neg, torch.special.expit, torch.detach,
-          # rounding, trigonometric, hyperbolic, exponential and special functions
-          torch.floor, torch.ceil, torch.round, torch.trunc, torch.frac, torch.tan, torch.asin, torch.acos,
-          torch.atan, torch.sinh, torch.cosh, torch.asinh, torch.acosh, torch.atanh, torch.log2, torch.log10,
-          torch.exp2, torch.erfc, torch.erfinv, torch.sinc, torch.logit, torch.special.logit, torch.lgamma,
-          torch.digamma, torch.special.i0, torch.sgn, torch.nan_to_num, torch.clamp_min, torch.clamp_max,
-          torch.isnan, torch.isinf, torch.isfinite, torch.deg2rad, torch.rad2deg,
-          # more activations
-          F.hardsigmoid, F.hardswish, F.softsign, F.tanhshrink, F.threshold, torch.threshold, F.hardshrink,
-          F.softshrink]
-_BINARY = [operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, torch.add,
-           torch.sub, torch.mul, torch.div, torch.pow, torch.maximum, torch.minimum, torch.where,
-           torch.lerp, torch.addcmul, torch.addcdiv, torch.true_divide, operator.mod, operator.floordiv,
-           torch.remainder, torch.fmod, torch.floor_divide, torch.atan2, torch.arctan2, torch.hypot, torch.copysign,
-           torch.xlogy, torch.special.xlogy, torch.logaddexp, torch.logaddexp2, torch.fmax, torch.fmin]
+# The hand tables: calls the family groups that torch's pointwise tags do not cover (see
+# ``_resolve_pointwise`` below for all the others), or whose semantics need handling of their own.
+#: Python's operators, and ``torch.nn.functional``'s Python functions: neither is an ATen op's binding, so
+#: no tag reaches them (``F.relu6`` calls ``hardtanh``, ``F.threshold`` takes ``inplace``)
+_PYTHON = [operator.neg, operator.add, operator.sub, operator.mul, operator.truediv, operator.pow, operator.mod,
+           operator.floordiv, F.relu, F.sigmoid, F.tanh, F.leaky_relu, F.elu, F.silu, F.relu6, F.hardtanh, F.mish,
+           F.selu, F.celu, F.hardsigmoid, F.hardswish, F.softsign, F.tanhshrink, F.threshold]
+#: elementwise, but untagged: aliases and composites (``special.expit`` is ``sigmoid``, ``arctan2`` ``atan2``),
+#: ``true_divide`` and ``rsub`` (their Scalar and Tensor overloads respectively), ``isclose``; and ``detach``,
+#: which returns its input's data (not pointwise to torch: no new values)
+_UNTAGGED = [F.logsigmoid, torch.special.expit, torch.special.logit, torch.special.i0, torch.special.xlogy,
+             torch.special.ndtr, torch.special.polygamma, torch.arctan2, torch.floor_divide, torch.true_divide,
+             torch.rsub, torch.isclose, torch.detach]
+#: scalars that may differ per neuron (``_ARITHMETIC``, ``_VARYING_SCALARS``), clamp's bounds (``_BOUNDS``),
+#: a fill value per neuron (``_SCALAR_VALUE``); ``where`` and ``masked_fill`` also have untagged overloads
+_SPECIAL = [torch.add, torch.sub, torch.mul, torch.div, torch.pow, torch.clamp, torch.clip, torch.where,
+            torch.masked_fill]
 _COMPARE = [operator.gt, operator.lt, operator.ge, operator.le, operator.eq, operator.ne, torch.gt, torch.lt,
             torch.ge, torch.le, torch.eq, torch.ne]
-_LOGICAL = [operator.and_, operator.or_, operator.xor, operator.invert, torch.logical_and, torch.logical_or,
-            torch.logical_xor, torch.logical_not, torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor,
-            torch.bitwise_not, torch.masked_fill]
-_METHODS = ["relu", "sigmoid", "tanh", "exp", "log", "neg", "abs", "sqrt", "rsqrt", "sin", "cos",
-            "square", "clamp", "clip", "add", "sub", "mul", "div", "pow", "maximum", "minimum",
-            "__radd__", "__rsub__", "__rmul__", "__rtruediv__", "erf", "log1p", "expm1",
-            "reciprocal", "detach", "gt", "lt", "ge", "le", "eq", "ne", "__and__", "__or__", "__xor__",
-            "__invert__", "logical_and", "logical_or", "logical_xor", "logical_not", "bitwise_and", "bitwise_or",
-            "bitwise_xor", "bitwise_not", "masked_fill", "where", "lerp", "addcmul", "addcdiv", "true_divide",
-            "floor", "ceil", "round", "trunc", "frac", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh",
-            "acosh", "atanh", "log2", "log10", "exp2", "erfc", "erfinv", "sinc", "logit", "lgamma", "digamma",
-            "sign", "sgn", "nan_to_num", "clamp_min", "clamp_max", "isnan", "isinf", "isfinite", "deg2rad",
-            "rad2deg", "hardshrink", "__mod__", "__rmod__", "__floordiv__", "__rfloordiv__", "remainder", "fmod",
-            "floor_divide", "atan2", "arctan2", "hypot", "copysign", "xlogy", "logaddexp", "logaddexp2", "fmax",
-            "fmin",
+_LOGICAL = [operator.and_, operator.or_, operator.xor, operator.invert]
+_METHODS = [# scalars per neuron, bounds, fill values (as above)
+            "add", "sub", "mul", "div", "pow", "clamp", "clip", "where", "masked_fill", "gt", "lt", "ge", "le", "eq",
+            "ne", "__radd__", "__rsub__", "__rmul__", "__rtruediv__",
+            # dunders: their bindings are not by name (``__and__`` calls ``bitwise_and``); ``__rdiv__`` and
+            # ``__rpow__`` are Python methods
+            "__and__", "__or__", "__xor__", "__invert__", "__mod__", "__rmod__", "__floordiv__", "__rfloordiv__",
+            "__rdiv__", "__rpow__",
+            # untagged (as above)
+            "true_divide", "floor_divide", "arctan2", "isclose", "detach",
             # casts: a constant dtype (or another tensor's, ``type_as``) applies row by row
-            "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool"]
+            "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte",
+            "bool", "cfloat", "cdouble", "chalf"]
 #: dropout: the identity outside training (grouped), random numbers in training (left alone, in order)
 RANDOM_IN_TRAINING = {F.dropout: ("input", "p", "training", "inplace"), torch.dropout: ("input", "p", "train")}
 
@@ -248,5 +278,133 @@ def draws_random_numbers(node: fx.Node) -> bool:
 #: ops whose ``value`` argument (third) must be one Python scalar, not a tensor per member
 _SCALAR_VALUE = {torch.masked_fill, "masked_fill"}
 
-ELEMENTWISE = register(Elementwise(), functions=_UNARY + _BINARY + _COMPARE + _LOGICAL + list(RANDOM_IN_TRAINING),
-                       methods=_METHODS)
+ELEMENTWISE = register(Elementwise(), functions=_PYTHON + _UNTAGGED + _SPECIAL + _COMPARE + _LOGICAL
+                       + list(RANDOM_IN_TRAINING), methods=_METHODS)
+
+
+# ----------------------------------------------------------------------- ops torch tags pointwise
+
+#: modules of torch's generated bindings of ATen ops, which bear the ops' names (``torch.exp``; ``torch.special.entr``
+#: is ``torch._C._special.special_entr``, ``F.gelu`` ``torch._C._nn.gelu``); Tensor methods of ``TensorBase``
+#: are bindings too, where ``torch.Tensor`` does not replace them with Python methods (``__rsub__``, ``split``)
+_BINDINGS = frozenset(("torch", "torch._C._special", "torch._C._nn", "torch._C._linalg"))
+_BOUND_METHODS = frozenset(name for name in vars(torch._C.TensorBase) if name not in vars(torch.Tensor))
+#: tagged pointwise, but not grouped as such: ``clone`` makes a copy to write into (two equal ones stay two)
+_NOT_RESOLVED = frozenset(("clone",))
+_PLAIN_TYPES = (torch.TensorType, torch.NumberType, torch.IntType, torch.FloatType, torch.BoolType, torch.StringType)
+
+
+def _resolve_pointwise(op: str, target) -> "OpFamily | _PointwiseCalls | None":
+    """This family for every call of ``target`` (outside the hand tables) whose ATen overloads taking tensors
+    are all tagged ``pointwise`` (``torch.special.entr``, ``h.heaviside(g)``): elementwise with broadcasting,
+    one new tensor of the operands' broadcast shape; not random (``nondeterministic_seeded``, as ``rrelu``);
+    arguments that are tensors or constants. Where only some are (``torch.max(a, b)``, not ``torch.max(a)``),
+    for the calls that bind to those alone (:class:`_PointwiseCalls`). Out= and in-place overloads are not
+    looked at: such calls are never members."""
+    if op == "call_method":
+        name = target if target in _BOUND_METHODS else None
+    else:
+        name = target.__name__ if type(target) is types.BuiltinFunctionType \
+            and getattr(target, "__module__", None) in _BINDINGS else None
+    if name is None or name.startswith("_") or name in _NOT_RESOLVED:   # (dunders: not bound by name)
+        return None
+    packet = getattr(torch.ops.aten, name, None)
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return None
+    overloads = []
+    for overload_name in packet.overloads():
+        # (getattr, not packet.__getattr__: that makes a new overload object in place of the one the
+        # dispatcher may hold on to, and frees the old one)
+        overload = getattr(packet, overload_name)
+        kind = _overload_kind(overload)
+        if kind is not None:
+            overloads.append((overload._schema, kind == "pointwise"))
+    if not any(pointwise for _, pointwise in overloads):
+        return None
+    return ELEMENTWISE if all(pointwise for _, pointwise in overloads) else _PointwiseCalls(overloads)
+
+
+def _overload_kind(overload) -> str | None:
+    """``"pointwise"`` for an overload that may be a member, None for one that no tensor call binds to (out= and
+    in-place overloads, TorchScript's ops on numbers and lists: ``add.int``), else ``"other"``."""
+    schema = overload._schema
+    if schema.is_mutable or not any("Tensor" in str(a.type) for a in schema.arguments):
+        return None
+    tags, returns = overload.tags, schema.returns
+    if torch.Tag.pointwise in tags and torch.Tag.nondeterministic_seeded not in tags and len(returns) == 1 \
+            and isinstance(returns[0].type, torch.TensorType) and returns[0].alias_info is None \
+            and all(isinstance(_optional(a.type), _PLAIN_TYPES) for a in schema.arguments):
+        return "pointwise"
+    return "other"
+
+
+def _optional(t):
+    return t.getElementType() if isinstance(t, torch.OptionalType) else t
+
+
+class _PointwiseCalls:
+    """The family of the calls of a target that bind only to its pointwise overloads, as Python's argument
+    parser binds them (by argument types): ``torch.max(a, b)`` (``max.other``), not ``torch.max(a)`` or
+    ``torch.max(a, 0)``. Decided once per form of call (the kinds of its arguments)."""
+
+    def __init__(self, overloads: list):
+        self.overloads = overloads   # (schema, pointwise)
+        self.forms: dict = {}
+
+    def __call__(self, node: fx.Node) -> "OpFamily | None":
+        method = node.op == "call_method"
+        form = (method, tuple(map(_kind, node.args)),
+                tuple((k, _kind(v)) for k, v in node.kwargs.items() if not (k == "out" and v is None)))
+        pointwise = self.forms.get(form)
+        if pointwise is None:
+            bound = [p for schema, p in self.overloads if _binds(schema, *form)]
+            pointwise = self.forms[form] = bool(bound) and all(bound)
+        return ELEMENTWISE if pointwise else None
+
+
+def _kind(value):
+    """What argument binding looks at: a tensor, or a plain constant's type."""
+    if isinstance(value, fx.Node):
+        return "Tensor" if tensor_info(value) is not None else "?"
+    return type(value) if value is None or type(value) in (int, float, bool, str) else "?"
+
+
+def _binds(schema, method: bool, args: tuple, kwargs: tuple) -> bool:
+    """Whether a call with arguments of these kinds (see :func:`_kind`) binds to ``schema``."""
+    params = schema.arguments
+    positional = [p.name for p in params if not p.kwarg_only]
+    if len(args) > len(positional):
+        return False
+    bound = dict(zip(positional, args))
+    names = {p.name for p in params}
+    for name, kind in kwargs:
+        if name == "input" and not method and "input" not in names:
+            name = "self"   # functions call their tensor ``input``, ATen ``self``
+        if name not in names or name in bound:
+            return False
+        bound[name] = kind
+    return all(_accepts(p.type, bound[p.name]) if p.name in bound else p.has_default_value() for p in params)
+
+
+#: the Python types that Python's argument parser takes for each type of ATen argument other than a tensor
+_ACCEPTED = {torch.NumberType: (int, float, bool), torch.FloatType: (int, float), torch.IntType: (int,),
+             torch.BoolType: (bool,), torch.StringType: (str,)}
+
+
+def _accepts(t, kind) -> bool:
+    if isinstance(t, torch.OptionalType):
+        return kind is type(None) or _accepts(t.getElementType(), kind)
+    if isinstance(t, torch.TensorType):
+        return kind == "Tensor"
+    return kind in _ACCEPTED.get(type(t), ())
+
+
+register_resolver(_resolve_pointwise)
+
+
+def row_wise(node: fx.Node) -> bool:
+    """Whether ``node`` calls a function of this family that draws no random numbers: each element of its
+    result comes from the same element of each operand (broadcast), so it commutes with reading rows
+    (``passes/postpone_gathers.py``, ``passes/absorb_gathers.py``)."""
+    return node.op == "call_function" and REGISTRY.family_of(node) is ELEMENTWISE \
+        and node.target not in RANDOM_IN_TRAINING
