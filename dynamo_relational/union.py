@@ -103,6 +103,12 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
     if len({str(s.out_spec) for s in samples}) > 1 or len(arity) > 1:
         raise NotBatchable("samples return differently structured results or take different tensor arguments")
     inputs_layout = tuple(input_layout([s.input_shapes[j] for s in samples], j) for j in range(arity.pop()))
+    for j in range(len(inputs_layout)):
+        kinds = {(info.dtype, info.device) for info in
+                 (tensor_info(s.graph.graph.find_nodes(op="placeholder")[j]) for s in samples)}
+        if len(kinds) > 1:
+            raise NotBatchable(f"tensor argument {j} has several dtypes or devices across samples: "
+                               f"{sorted(map(str, kinds))[:3]}")
     graph = fx.Graph()
     attrs: dict[str, torch.Tensor] = {}
     union_inputs = []

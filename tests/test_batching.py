@@ -192,3 +192,17 @@ def test_bad_batches_are_refused_with_the_sample_named():
     with pytest.raises(FrontendError, match=r"sample 1: the structure at argument 0\[0\]"):
         batched([([[1], []], torch.randn(2, 3)), ([{1}, []], torch.randn(2, 3))])
     assert batched([]) == []
+
+
+def test_samples_whose_tensors_differ_in_dtype_keep_their_dtypes():
+    class Sums(nn.Module):
+        def forward(self, children, x):
+            return torch.tanh(torch.stack([sum((x[c] for c in cs), x[v]) for v, cs in enumerate(children)]))
+
+    batched = dynamo_relational.batch(Sums())
+    batch = [([[1], []], torch.randn(2, 3)), ([[1], []], torch.randn(2, 3, dtype=torch.float64))]
+    got = batched(batch)
+    for g, sample in zip(got, batch):
+        assert g.dtype == sample[1].dtype
+        torch.testing.assert_close(g, Sums()(*sample))
+    assert batched.report.unbatched == 1 and "dtypes" in batched.report.unbatched_reason
