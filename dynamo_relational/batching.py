@@ -78,7 +78,7 @@ class BatchReport:
     """What :class:`BatchedModule` did so far."""
     samples: int = 0
     batches: int = 0
-    #: distinct sample structures traced
+    #: sample structures traced (again after a switch of train/eval mode)
     structures: int = 0
     #: unions grouped (each one pass pipeline over its structures)
     groupings: int = 0
@@ -157,9 +157,10 @@ class BatchedModule(nn.Module):
         self.key = key
         self.options = options
         self.report = BatchReport()
+        #: per state of the modules (:meth:`_state`): the structures traced and the unions grouped in it
+        self._caches: dict[tuple, tuple[dict[Hashable, _Structure], list[_Union]]] = {}
         self._structures: dict[Hashable, _Structure] = {}
         self._unions: list[_Union] = []   # the first is the main one
-        self._state: tuple | None = None
 
     def forward(self, samples: Sequence[Any]) -> list[Any]:
         if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
@@ -170,7 +171,7 @@ class BatchedModule(nn.Module):
         self.report.samples += len(samples)
         if not samples:
             return []
-        self._drop_if_state_changed()
+        self._structures, self._unions = self._caches.setdefault(self._state(), ({}, []))
         keys, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
         new = self._trace_new(keys, samples, tensors)
         refused = next((self._structures[k].refused for k in keys if self._structures[k].refused), None)
@@ -191,16 +192,14 @@ class BatchedModule(nn.Module):
             raise FrontendError(f"sample {i}: {e}; pass key= to dynamo_relational.batch to name its structure") \
                 from None
 
-    def _drop_if_state_changed(self) -> None:
-        """Traces depend on the modules' train/eval flags and on which parameters and buffers they hold."""
+    def _state(self) -> tuple:
+        """What traces depend on besides the samples: the modules' train/eval flags and which parameters and
+        buffers they hold (graphs of parameters the model no longer has are dropped)."""
         modules = list(self.model.modules())
-        state = (tuple(m.training for m in modules),
-                 tuple(id(x) for m in modules for x in (*m._parameters.values(), *m._buffers.values())))
-        if self._state is not None and state != self._state:
-            log.info("relational: the model switched train/eval mode or its parameters changed; tracing again")
-            self._structures.clear()
-            self._unions.clear()
-        self._state = state
+        held = tuple(id(x) for m in modules for x in (*m._parameters.values(), *m._buffers.values()))
+        for stale in [state for state in self._caches if state[1] != held]:
+            del self._caches[stale]
+        return tuple(m.training for m in modules), held
 
     def _trace_new(self, keys: Sequence[Hashable], samples: list[tuple], tensors: Sequence[list]) -> bool:
         """Trace the structures not seen before; whether there were any."""
@@ -212,7 +211,7 @@ class BatchedModule(nn.Module):
             for k, (sample, sample_tensors) in new.items():
                 self._structures[k] = self._traced(sample, sample_tensors)
                 progress.step()
-        self.report.structures = len(self._structures)
+        self.report.structures += len(new)
         self.report.trace_seconds += time.perf_counter() - start
         return True
 
@@ -239,11 +238,11 @@ class BatchedModule(nn.Module):
         if outside >= (REGROUP_WITH_NEW if new else REGROUP_KNOWN) * len(main):
             union = self._group(list(self._structures))
             if not isinstance(union, str):
-                self._unions = [union]
+                self._unions[:] = [union]
             return union
         union = self._group(list(dict.fromkeys(keys)))
         if not isinstance(union, str):
-            self._unions = self._unions[:1] + [union] + self._unions[1:7]   # the main one and the latest few
+            self._unions[1:] = [union] + self._unions[1:7]   # the main one and the latest few
         return union
 
     def _group(self, keys: list[Hashable]) -> _Union | str:

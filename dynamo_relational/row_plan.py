@@ -475,7 +475,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if any(p not in analysis.rows for p in parts) or _dim(args, kwargs, 1, 0, rank) == 0:
             raise Refused(f"{_describe(node)} joins rows of samples with other values")
         return first
-    if REGISTRY_ELEMENTWISE(node):
+    if _is_elementwise(node):
         for a in _flat_nodes((args, kwargs)):
             a_info = tensor_info(a)
             if a in analysis.rows:
@@ -526,7 +526,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
     raise Refused(f"{_describe(node)} is not known to compute each row from its own row")
 
 
-def REGISTRY_ELEMENTWISE(node: fx.Node) -> bool:
+def _is_elementwise(node: fx.Node) -> bool:
     from .ops import REGISTRY
 
     return REGISTRY.family_of(node) is ELEMENTWISE
