@@ -5,7 +5,7 @@ samples side by side. :func:`analyse` proves, node by node, that each value
 is one of
 
 * **shared**: parameters and buffers, and what is computed from them alone;
-* **index**: an index tensor of the vectorizer, read only by the gather that owns it;
+* **index**: an index tensor of the vectorizer, read only by gathers;
 * **rows**: a tensor whose dim 0 holds rows, each belonging to one sample
   (the vectorizer tags each group's rows with their samples; gathers, ``cat``
   and row-wise ops carry the tags on);
@@ -21,8 +21,8 @@ exactly those samples. :class:`RowPlan` holds the union's graph with its index
 tensors and the sizes that count rows turned into inputs (its code is the
 same for every batch), and :meth:`RowPlan.arguments` computes those inputs
 for a batch (a list of union samples; one may repeat) with a few vectorized
-torch ops per index tensor: each gather keeps the rows of the batch's samples
-in batch order, its index renumbered into its source's kept rows.
+numpy operations per index tensor: each gather keeps the rows of the batch's
+samples in batch order, its index renumbered into its source's kept rows.
 """
 from __future__ import annotations
 
