@@ -17,6 +17,8 @@ import time
 import torch
 from torch import nn
 
+from examples.tree_lstm import ScalarTreeLSTM
+
 
 class TreeRNN(nn.Module):
     """``h_v = tanh(W x_v + U sum_c h_c + b)``; the root's state is the result."""
@@ -34,28 +36,12 @@ class TreeRNN(nn.Module):
         return h[0]
 
 
-class TreeLSTM(nn.Module):
-    """A child-sum TreeLSTM (Tai et al. 2015); the root's hidden state is the result."""
+class TreeLSTM(ScalarTreeLSTM):
+    """A child-sum TreeLSTM (Tai et al. 2015), the cell of ``examples.tree_lstm``, over one tree; the root's
+    hidden state is the result."""
 
     def __init__(self, features: int, hidden: int = 16):
-        super().__init__()
-        self.hidden = hidden
-        self.W_iou = nn.Linear(features, 3 * hidden)
-        self.U_iou = nn.Linear(hidden, 3 * hidden, bias=False)
-        self.W_f = nn.Linear(features, hidden)
-        self.U_f = nn.Linear(hidden, hidden, bias=False)
-
-    def node(self, x, children_states):
-        iou = self.W_iou(x)
-        if children_states:
-            iou = iou + self.U_iou(sum(h for h, _ in children_states))
-        n = self.hidden
-        i, o, u = torch.sigmoid(iou[:n]), torch.sigmoid(iou[n:2 * n]), torch.tanh(iou[2 * n:])
-        c = i * u
-        wf = self.W_f(x)
-        for h_k, c_k in children_states:
-            c = c + torch.sigmoid(wf + self.U_f(h_k)) * c_k
-        return o * torch.tanh(c), c
+        super().__init__([], features, hidden)   # no forest: the tree is forward's argument
 
     def forward(self, children: list[list[int]], x: torch.Tensor) -> torch.Tensor:
         states = [None] * len(children)
