@@ -90,11 +90,13 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _forward(p: Prepared, x: torch.Tensor) -> None:
+    torch.compiler.cudagraph_mark_step_begin()   # each timed call is a step of its own (CUDA graph modes)
     with torch.no_grad():
         p.fn(x)
 
 
 def _forward_backward(p: Prepared, x: torch.Tensor) -> None:
+    torch.compiler.cudagraph_mark_step_begin()
     p.fn(x).sum().backward()
 
 

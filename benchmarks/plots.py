@@ -2,7 +2,7 @@
 run time against model size, one line per system.
 
 The compile panel also draws the relational systems' grouping and passes
-alone (dotted), the part whose growth issue 6 asks to be near linear.
+alone (dotted), the part whose growth should stay near linear.
 A compile that finished but failed the output or gradient check is drawn
 as an x: its compile time is real, its run time was not measured. Other
 points that were not measured (``> cap``, failures) are left out; the

@@ -5,7 +5,7 @@
 :func:`benchmarks.session.run_session` (times in ms, memory in bytes, compile
 times in s; ``session`` says whether the system ran in the main process or in
 a capped child). :func:`markdown` renders one table of everything and one
-table of the issue-3 targets for the relational systems.
+table of the targets for the relational systems (:data:`TARGETS`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-#: issue 3: relational / PyG eager forward and forward+backward, relational / PyG compiled, memory / PyG
+#: the targets: relational / PyG eager forward and forward+backward, relational / PyG compiled, memory / PyG
 TARGETS = (("fwd ÷ PyG ≤ 0.8", "pyg", "forward", 0.8), ("fwd+bwd ÷ PyG ≤ 1.0", "pyg", "forward_backward", 1.0),
            ("fwd ÷ PyG-compiled ≤ 1.0", "pyg_compile", "forward", 1.0),
            ("fwd+bwd ÷ PyG-compiled ≤ 1.0", "pyg_compile", "forward_backward", 1.0),
@@ -95,7 +95,7 @@ def markdown(results: dict) -> str:
                 _ratio(e, "eager", "forward"), _num(None if mem is None else mem / 2**20),
                 _ratio(e, "pyg", "peak_memory"), total, parts, nodes,
                 e["status"] + (" (child)" if e.get("session") == "child" else "")]) + " |")
-    lines += ["", "## Issue 3 targets (relational systems against PyG)", "",
+    lines += ["", "## Targets (relational systems against PyG)", "",
               "| workload | system | " + " | ".join(t[0] for t in TARGETS) + " |", "|" + "---|" * (2 + len(TARGETS))]
     for w in results["workloads"]:
         for system in ("relational", "relational_unguarded", "relational_filtered", "relational_fast"):

@@ -16,7 +16,9 @@ relational_filtered  ``torch.compile(backend="relational")`` with the guard filt
 relational_fast    the scalar model through ``dynamo_relational.compile`` (the fast
                    front-end), when the installed package has it
 pyg                the PyTorch Geometric peer with the same weights, eager
-pyg_compile        the PyG peer under stock ``torch.compile`` (Inductor)
+pyg_compile        the PyG peer under stock ``torch.compile`` (Inductor), in the Inductor
+                   ``mode`` of the relational systems' options (``--options
+                   '{"mode": "reduce-overhead"}'``: CUDA graphs on both sides)
 =================  =====================================================================
 
 Systems marked *capped* are traced by TorchDynamo, which costs about 1 ms per
@@ -89,7 +91,7 @@ def prepare(system: str, model: nn.Module, peer: nn.Module | None, x: torch.Tens
     if system == "pyg":
         return Prepared(system, peer, peer)
     if system == "pyg_compile":
-        fn = torch.compile(peer)
+        fn = torch.compile(peer, mode=(options or {}).get("mode"))
         return Prepared(system, fn, peer, _first_calls(fn, peer, x))
     if system == "inductor":
         fn = torch.compile(model)

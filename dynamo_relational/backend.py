@@ -204,10 +204,84 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
     from .output_views import compile_with_views_outside
 
     start = time.perf_counter()
+    cuda_graphs = options.mode is not None and bool(_mode_options(options.mode).get("triton.cudagraphs"))
+    products = _products_for_cuda_graphs(gm) if cuda_graphs else []
+    compile_fn = _with_static_inputs_known(compile_fx) if cuda_graphs else compile_fx
     with without_autograd_cache_if_tagged(gm), inductor_mode(options.mode):
-        fn = compile_with_views_outside(compile_fx, _copy(gm), list(inputs))
+        fn = compile_with_views_outside(compile_fn, _copy(gm), list(inputs))
+    if cuda_graphs:
+        fn = _replaying(fn, products, under_dynamo=torch._guards.CompileContext.current_compile_id() is not None)
     report.add_time("inductor", start)
+    if cuda_graphs:   # asked for by the mode; the timed trial runs could not replay them as a training loop does
+        report.stats["executor"] = "inductor"
+        return fn
     return choose_executor(fn, gm, inputs, options, report, grad)
+
+
+def _mode_options(mode: str) -> dict:
+    from torch._inductor import list_mode_options
+
+    return list_mode_options(mode)
+
+
+def _products_for_cuda_graphs(gm: fx.GraphModule) -> list:
+    """The matrices of ``gm``'s gathers on CUDA, built before any run is recorded in a CUDA graph
+    (:func:`~dynamo_relational.kernels.gather_reduce.prepare_products`)."""
+    from dynamo_relational.kernels.gather_reduce import gather_reduce, gather_rows, prepare_products
+    from dynamo_relational.passes.gather_nodes import constant_value
+
+    from .ops import tensor_info
+
+    products = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (gather_reduce, gather_rows):
+            continue
+        csr, source = constant_value(gm, node.args[1]), tensor_info(node.args[0])
+        if csr is not None and csr.is_cuda and source is not None:
+            products += prepare_products(source, csr, *node.args[2:])
+    return products
+
+
+def _with_static_inputs_known(compile_fn: Callable) -> Callable:
+    """``compile_fn`` telling AOT autograd which inputs keep their address from call to call.
+
+    CUDA graphs copy every other input into their memory pool before each replay. AOT autograd knows the
+    static ones (the parameters, the graph's index buffers) from Dynamo's records on the graph module, which
+    the grouped graph, a new module, lacks: they are put back here (under Dynamo only; without it AOT
+    autograd counts the module's own parameters and buffers as static by itself). The index buffers are
+    named as constants of the graph, the placeholders keep the static marks Dynamo left in their meta."""
+    from torch._dynamo.source import ConstantSource
+
+    def compile_marked(gm: fx.GraphModule, inputs: Sequence[Any]):
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        if compile_id is not None:
+            gm.meta["dynamo_compile_id"] = compile_id
+            names = [*dict(gm.named_parameters(remove_duplicate=False)), *dict(gm.named_buffers(remove_duplicate=False))]
+            gm._param_name_to_source = {name: ConstantSource(f"relational_graph.{name}") for name in names}
+            for node in gm.graph.find_nodes(op="placeholder"):
+                node._dynamo_source = None
+        return compile_fn(gm, inputs)
+    return compile_marked
+
+
+def _replaying(fn: Callable, products: list, under_dynamo: bool) -> Callable:
+    """``fn`` recorded in CUDA graphs, keeping the gathers' ``products`` alive as long as it is.
+
+    CUDA graph trees take the entry into a ``torch.compile``'d frame as the start of a new step, when the last
+    step's outputs may be overwritten; a call of the fast front-end enters no frame, so each call counts as
+    one here (else every call would record anew, its predecessor's outputs still counting as alive). Its
+    calls without gradients run the training graph, whose backward never comes: each starts a step outright."""
+    from torch._dynamo.mutation_guard import GenerationTracker
+
+    def run(*args):
+        if not under_dynamo:
+            if torch.is_grad_enabled():
+                GenerationTracker.generation += 1
+            else:
+                torch.compiler.cudagraph_mark_step_begin()
+        return fn(*args)
+    run.products = products
+    return run
 
 
 def choose_executor(inductor_fn: Callable, aten: fx.GraphModule, inputs: Sequence[Any], options: Options,

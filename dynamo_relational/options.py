@@ -30,7 +30,8 @@ class Options:
     #: (``torch._inductor.list_mode_options(mode)``) apply while the grouped graph
     #: compiles: ``max_autotune`` times kernel choices (GEMM templates, more
     #: compile time); the CUDA graphs of ``"reduce-overhead"`` and
-    #: ``"max-autotune"`` apply on CUDA only.
+    #: ``"max-autotune"`` apply on CUDA only, and keep Inductor's code
+    #: (``autotune`` does not time the executors then; docs/gpu.md).
     mode: str | None = None
     #: Choose by timing on this machine. The ``linear_layout`` pass times each
     #: large ``linear`` in its two memory layouts (on CPU); with Inductor on, the

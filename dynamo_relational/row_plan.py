@@ -194,8 +194,8 @@ class _Index:
     A gather from a shared tensor (``source`` None) keeps its index values; one from rows renumbers them."""
 
     def __init__(self, kind: str, out: Rows, source: Rows | None, source_rows: int, offsets: numpy.ndarray | None,
-                 index: numpy.ndarray | None):
-        self.kind, self.out, self.source, self.source_rows = kind, out, source, source_rows
+                 index: numpy.ndarray | None, device: torch.device):
+        self.kind, self.out, self.source, self.source_rows, self.device = kind, out, source, source_rows, device
         if offsets is not None:
             self.segment_start, self.segment_length = offsets[:-1], offsets[1:] - offsets[:-1]
         self.index = index
@@ -203,6 +203,10 @@ class _Index:
             self.rank_at, self.leaf_at = source.rank[self.index], source.leaf_of[self.index]
 
     def value(self, batch: Batch) -> torch.Tensor:
+        """The index tensor restricted to ``batch``, on the union's device (computed in numpy, copied once)."""
+        return self._value(batch).to(self.device, non_blocking=True)
+
+    def _value(self, batch: Batch) -> torch.Tensor:
         rows, position = self.out.listing(batch)
         if self.kind == "segments":
             return torch.from_numpy(numpy.concatenate([[0], numpy.cumsum(self.segment_length[rows])]))
@@ -242,7 +246,8 @@ class RowPlan:
         rows = self.outputs[j]
         if type(rows) is not Rows:   # parts after parts: bring each sample's rows together
             union_rows, position = rows.listing(batch)
-            value = value[torch.from_numpy(numpy.argsort(position * max(rows.rows, 1) + union_rows, kind="stable"))]
+            order = numpy.argsort(position * max(rows.rows, 1) + union_rows, kind="stable")
+            value = value[torch.from_numpy(order).to(value.device, non_blocking=True)]
         return list(torch.split(value, rows.counts[batch.samples].tolist()))
 
 
@@ -365,15 +370,15 @@ class _Analysis:
             offsets, index = constant, None
         else:
             offsets, index = unpack_csr(constant, out_rows, source_rows)
-        offsets = offsets.long().numpy() if offsets is not None else None
-        index = index.long().numpy() if index is not None else None
+        offsets = offsets.long().cpu().numpy() if offsets is not None else None
+        index = index.long().cpu().numpy() if index is not None else None
         source_owner = self.rows[source] if source in self.rows else None
         if kind == "segments" and (type(source_owner) is not Rows or int(offsets[0]) != 0
                                    or int(offsets[-1]) != source_rows):
             raise Refused(f"{_describe(node)}: segments that do not cover their rows in order")
         out = self._gathered_rows(node, kind, source_owner, offsets, index)
         self.indices.append((node, csr, _Index("select" if kind == "rows" else kind, out, source_owner, source_rows,
-                                                offsets, index)))
+                                                offsets, index, constant.device)))
         if kind == "reduce":
             self.sizes.append((node, (2,), out))
         self._tag(node, out)

@@ -112,6 +112,8 @@ def train_epoch(model, data: list[tuple], targets: torch.Tensor, batch_size: int
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    if targets.is_cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 

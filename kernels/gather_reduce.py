@@ -32,15 +32,13 @@ Empty segments reduce to 0 (also for ``mean``).
 from __future__ import annotations
 
 import warnings
+import weakref
 
 import numpy
 import torch
 from torch import Tensor
 
 from . import triton_csr
-
-# The CSR product is all we use of the sparse API; its "beta" notice is noise to our users.
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
 GATHER_REDUCTIONS = ("sum", "mean")
 #: the reduction that computes the backward of each: a product by the transposed matrix
@@ -126,7 +124,7 @@ class TritonCSR:
     """``A`` for the Triton kernel: views of its CSR offsets and column indices, and the reduction
     (the kernel divides by the segment sizes itself, see :mod:`.triton_csr`; for ``mean_adjoint``
     the source rows are divided by ``pre`` first, then summed)."""
-    __slots__ = ("offsets", "index", "reduce", "pre", "longest")
+    __slots__ = ("offsets", "index", "reduce", "pre", "longest", "__weakref__")
 
     def __init__(self, offsets: Tensor, index: Tensor, reduce: str, pre: Tensor | None = None):
         self.offsets, self.index, self.reduce, self.pre = offsets, index, reduce, pre
@@ -161,6 +159,8 @@ def _sparse_product(matrix: Tensor, flat: Tensor) -> Tensor:
 
 
 _MATRICES: dict = {}
+#: matrices built ahead for CUDA graphs (:func:`prepare_products`), alive while a compiled graph holds them
+_PREPARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _multiplies_with_triton(device, dtype) -> bool:
@@ -177,24 +177,67 @@ def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, 
     call, and building the sparse tensor costs as much as a small product.
     The entry holds views of ``csr``, so its address cannot be reused while cached.
     """
-    triton = _multiplies_with_triton(device, dtype)
-    key = (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, device, triton)
+    key = _matrix_key(csr, rows, columns, transpose, reduce, dtype, device)
+    prepared = _PREPARED.get(key)
+    if prepared is not None:
+        return prepared
     cached = _MATRICES.get(key)
-    if cached is None or cached[0] is not csr:
-        a, b = (columns, rows) if transpose else (rows, columns)
-        offsets, index = unpack_csr(csr, a, b, transpose=transpose)
-        matrix = None
-        if index.shape[0] and triton and reduce == "mean_adjoint":
-            matrix = TritonCSR(offsets, index, "sum", _adjoint_sizes(csr, a, b, transpose, dtype).unsqueeze(1))
-        elif index.shape[0] and triton:
-            matrix = TritonCSR(offsets, index, reduce)
-        elif index.shape[0]:
-            weights = entry_weights(csr, (a, b, transpose), offsets, index, reduce, _sparse_dtype(dtype, device))
-            matrix = torch.sparse_csr_tensor(offsets, index, weights, (rows, columns), check_invariants=False)
+    if cached is not None and cached[0] is csr:
+        return cached[1]
+    matrix = _build_matrix(csr, rows, columns, transpose, reduce, dtype, key[-1])
+    # one built while a CUDA graph records lies in the graph's memory pool: it must not outlive the run
+    if not (csr.is_cuda and torch.cuda.is_current_stream_capturing()):
         if len(_MATRICES) > 256:
             _MATRICES.clear()
-        cached = _MATRICES[key] = (csr, matrix)
-    return cached[1]
+        _MATRICES[key] = (csr, matrix)
+    return matrix
+
+
+def _matrix_key(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, device) -> tuple:
+    triton = _multiplies_with_triton(device, dtype)
+    return (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, torch.device(device), triton)
+
+
+def _build_matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, triton: bool):
+    a, b = (columns, rows) if transpose else (rows, columns)
+    offsets, index = unpack_csr(csr, a, b, transpose=transpose)
+    if not index.shape[0]:
+        return None
+    if triton and reduce == "mean_adjoint":
+        return TritonCSR(offsets, index, "sum", _adjoint_sizes(csr, a, b, transpose, dtype).unsqueeze(1))
+    if triton:
+        return TritonCSR(offsets, index, reduce)
+    weights = entry_weights(csr, (a, b, transpose), offsets, index, reduce, _sparse_dtype(dtype, csr.device))
+    with warnings.catch_warnings():   # the CSR product is all we use of the sparse API: its "beta" notice is noise
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(offsets, index, weights, (rows, columns), check_invariants=False)
+
+
+def prepare_products(source, csr: Tensor, rows: int | None = None, reduce: str = "sum",
+                     transpose: bool = False) -> list:
+    """Build now the matrices that ``gather_reduce(source, csr, rows, reduce, transpose)`` (or, with ``rows``
+    None, ``gather_rows(source, csr)``) and its backward multiply by (of ``source`` only its ``shape`` and
+    ``dtype`` count: a fake tensor or the passes' ``TensorInfo`` will do); the caller holds the returned list, and while it does every call finds them
+    built.
+
+    CUDA graphs need this: a matrix built during a recorded run would be allocated in the graphs' memory
+    pool and outlive the run, and reading its longest segment back would wait for the device."""
+    columns, dtype = source.shape[0], source.dtype
+    if rows is None:   # gather_rows: index_select forward, the transposed product backward
+        rows = _gather_rows_dims(source, csr)[0]
+        products = [(columns, rows, True, "sum")]
+    else:
+        products = [(rows, columns, transpose, reduce), (columns, rows, not transpose, ADJOINT[reduce])]
+    held = []
+    for r, c, t, red in products:
+        key = _matrix_key(csr, r, c, t, red, dtype, csr.device)
+        matrix = _PREPARED.get(key)
+        if matrix is None:
+            matrix = _build_matrix(csr, r, c, t, red, dtype, key[-1])
+        if matrix is not None:
+            _PREPARED[key] = matrix
+            held.append(matrix)
+    return held
 
 
 def _sparse_dtype(dtype: torch.dtype, device) -> torch.dtype:

@@ -49,7 +49,7 @@ def test_tiny_run_writes_results(tmp_path):
         assert parts["trace"] + parts["grouping"] + parts["passes"] <= parts["total"]
 
     md = (tmp_path / "results.md").read_text()
-    table, targets = md.split("## Issue 3 targets")
+    table, targets = md.split("## Targets")
     for system in ("eager (scalar)", "relational", "relational, guards skipped",
                    "relational, structure guards filtered", "relational (fast front-end)", "PyG"):
         assert f"| gcn/mutagenesis[2] | {system} | " in table
@@ -64,7 +64,7 @@ def test_a_capped_system_is_compared_with_compiled_pyg_in_its_child_when_asked(t
     entry = results["workloads"][0]["systems"]["relational_filtered"]
     assert entry["status"] == "ok" and set(entry["vs"]) == {"pyg", "pyg_compile"}
     assert set(entry["child_references"]) == {"pyg", "pyg_compile"}
-    targets = (tmp_path / "results.md").read_text().split("## Issue 3 targets")[1]
+    targets = (tmp_path / "results.md").read_text().split("## Targets")[1]
     row = next(line for line in targets.splitlines() if "structure guards filtered" in line)
     assert "—" not in row   # every target has its ratio
 
@@ -210,10 +210,25 @@ def test_dropout_benchmark_groups_dropout_only_with_the_option():
     assert grouped["nodes_after"] < in_order["nodes_after"] / 3 and grouped["step_ms"] > 0
 
 
-def test_dynamic_benchmark_trains_batched_as_eager():
+def test_dynamic_benchmark_trains_batched_and_by_hand_as_eager():
     from benchmarks import dynamic
 
-    [result] = dynamic.main(["--models", "treernn", "--samples", "12", "--batch", "4", "--epochs", "3"])
-    assert result["weight_diff"] < 1e-5
+    [result] = dynamic.main(["--models", "treelstm", "--samples", "12", "--batch", "4", "--epochs", "3"])
+    assert set(result["weight_diff"]) == {"batched", "by hand"}
+    assert max(result["weight_diff"].values()) < 1e-5, result["weight_diff"]
     assert result["report"].unbatched == 0 and result["report"].structures == 12
-    assert len(result["epochs"]) == 3 and result["steady_ratio"] > 0
+    assert len(result["epochs"]) == 3 and all(r > 0 for r in result["steady_ratio"].values())
+
+
+def test_level_batched_tree_lstm_equals_the_per_tree_model():
+    from benchmarks.dynamic import level_batched_tree_lstm
+    from examples.per_sample import TreeLSTM, dataset
+
+    torch.manual_seed(0)
+    data = dataset("treelstm", 6, features=4, dtype=torch.float64)
+    model = TreeLSTM(4, hidden=5).double()
+    got, want = level_batched_tree_lstm(model, data), [model(*s) for s in data]
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-10, atol=1e-12)
+    grads = [torch.autograd.grad(torch.stack(outs).square().sum(), list(model.parameters())) for outs in (got, want)]
+    for g, w in zip(*grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)

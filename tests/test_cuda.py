@@ -5,6 +5,7 @@ Everything here needs a CUDA device, except two checks of the Triton path (the
 kernels, and the ops and their derivatives through them), which also run on
 CPU in Triton's interpreter when Triton is installed.
 """
+import copy
 import importlib
 import itertools
 import os
@@ -14,6 +15,7 @@ import sys
 import pytest
 import torch
 
+import dynamo_relational
 from dynamo_relational.kernels import triton_csr
 from dynamo_relational.kernels.gather_reduce import gather_reduce, gather_rows, pack_csr, unit_offsets
 from dynamo_relational.kernels.segment import csr_offsets, segment_reduce
@@ -269,3 +271,56 @@ def test_value_compression_through_torch_compile_on_cuda():
     model = fact_gcn(graphs=2).cuda()
     report = assert_compiled_matches_eager(model, value_compression=True)
     assert any(g.stats.get("rows_compressed") for g in report.graphs)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kind", ["treelstm", "gcn"])
+def test_batches_of_samples_on_cuda_equal_eager(kind):
+    """``dynamo_relational.batch`` on the GPU: each batch's index tensors, made in numpy, reach the device."""
+    from examples.per_sample import MODELS, dataset
+    from tests.test_batching import assert_batches_match_eager
+    torch.manual_seed(0)
+    data = [(s, x.cuda()) for s, x in dataset(kind, 12, features=4, dtype=torch.float64)]
+    model = MODELS[kind][0](4, hidden=6).double().cuda()
+    batched = dynamo_relational.batch(model)
+    for batch in (data[:6], data[6:], data[::2]):
+        assert_batches_match_eager(batched, model, batch)
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+
+
+@needs_cuda
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("name", ["gcn", "sage"])
+def test_cuda_graphs_train_and_infer_as_eager(front_end, name):
+    """``mode="reduce-overhead"`` records the compiled graph in CUDA graphs (no skips) once, and later training
+    steps and inference calls replay it with eager's numbers (no ``cudagraph_mark_step_begin`` needed, as with
+    ``torch.compile``): the gathers' matrices are built before recording, the index buffers are static inputs."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=3, dtype=torch.float64)
+    model, x = _on_cuda(BUILDERS[name](batch).double(), batch)
+    eager = copy.deepcopy(model)
+    torch._dynamo.reset()
+    counters.clear()
+    options = dict(mode="reduce-overhead", autotune=False)
+    compiled = (torch.compile(model, backend="relational", options=options) if front_end == "backend"
+                else dynamo_relational.compile(model, x, **options))
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager)]
+    recorded = []   # the inputs of the graphs recorded so far: a step that records nothing adds none
+    for step in range(4):
+        recorded.append(counters["inductor"]["cudagraph_recorded_non_static_inputs"])
+        losses = [fn(x).square().mean() for fn in (compiled, eager)]
+        torch.testing.assert_close(losses[0], losses[1], **TOLERANCE[torch.float64])
+        for loss, optimizer in zip(losses, optimizers):
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, **TOLERANCE[torch.float64])
+    assert recorded[2] == recorded[3], f"training steps record again: {recorded}"
+    with torch.no_grad():
+        for _ in range(4):
+            recorded.append(counters["inductor"]["cudagraph_recorded_non_static_inputs"])
+            torch.testing.assert_close(compiled(x), eager(x), **TOLERANCE[torch.float64])
+    assert recorded[-2] == recorded[-1], f"inference calls record again: {recorded}"
+    assert not counters["inductor"]["cudagraph_skips"], dict(counters["inductor"])
