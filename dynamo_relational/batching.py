@@ -45,7 +45,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .backend import aten_executor
-from .frontend import FrontendError, trace
+from .frontend import FrontendError, gc_paused, trace
 from .options import Options
 from .progress import CompileProgress
 from .row_plan import Batch, Refused, RowPlan, analyse
@@ -207,7 +207,7 @@ class BatchedModule(nn.Module):
         if not new:
             return False
         start = time.perf_counter()
-        with CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
+        with gc_paused(), CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
             for k, (sample, sample_tensors) in new.items():
                 self._structures[k] = self._traced(sample, sample_tensors)
                 progress.step()
@@ -249,11 +249,12 @@ class BatchedModule(nn.Module):
         start = time.perf_counter()
         graphs = [self._structures[k].graph for k in keys]
         try:
-            union, layout = build(graphs, self._params())
-            nodes_before = len(union.graph.nodes)
-            union = _grouped(union, self.options)
-            owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
-            plan = analyse(union, owners, len(keys))
+            with gc_paused():
+                union, layout = build(graphs, self._params())
+                nodes_before = len(union.graph.nodes)
+                union = _grouped(union, self.options)
+                owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
+                plan = analyse(union, owners, len(keys))
         except (NotBatchable, Refused) as e:
             return str(e)
         finally:

@@ -225,7 +225,7 @@ _CALLS_AND_OUTPUT = frozenset(("call_function", "call_method", "output"))
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def gc_paused():
     """Pause Python's cyclic garbage collector: tracing and grouping allocate many small objects
     per node, and the collections they trigger cost 25-30% of their time on large graphs."""
     enabled = gc.isenabled()
@@ -470,7 +470,7 @@ class _Tracer(fx.Tracer):
         try:
             recording = _RecordUntracedCalls(self, self.record_random_ops, self.record_factories) \
                 if self.record_random_ops or self.record_factories else contextlib.nullcontext()
-            with _gc_paused(), recording, self._recording_autograd_functions(), self._refusing_own_generators(), \
+            with gc_paused(), recording, self._recording_autograd_functions(), self._refusing_own_generators(), \
                     self._refusing_traced_attributes():
                 return super().trace(root, concrete_args)
         except FrontendError:
@@ -1031,7 +1031,7 @@ class Trace:
 def _trace_and_group(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str], options: Options,
                      detailed: bool, progress: CompileProgress) -> _Traced:
     traced = trace(model, inputs, names, progress)
-    with _gc_paused():
+    with gc_paused():
         gm, report = group_graph(traced.graph, options, detailed, progress)
     for node in gm.graph.nodes:   # the values were only needed for shapes; free them
         node.meta.pop("example_value", None)
