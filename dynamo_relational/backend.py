@@ -53,6 +53,8 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         dump.write("input", before_code)
     if not options.grouping:
         return gm, GraphReport.from_context(ctx, nodes_before, nodes_before, before_code, before_code)
+    # a small graph is kept as traced if grouping does not make it smaller (see _smaller_or_as_traced)
+    as_traced = _copy(gm) if nodes_before <= KEEP_AS_TRACED_UP_TO else None
     expose_bases(gm, ctx.output_aliases)   # values that returned views share: kept by every pass
     for name, run_pass in PIPELINE:
         if name in options.disable:
@@ -80,6 +82,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         if dump:
             dump.write(name, gm.print_readable(print_output=False))
     hide_bases(gm, ctx.output_aliases)   # where distinct_outputs did not run
+    gm = _smaller_or_as_traced(gm, as_traced, nodes_before, ctx)
     _name_segment_provider(gm, options, ctx.stats)
     after_code = gm.print_readable(print_output=False) if ctx.detailed else ""
     report = GraphReport.from_context(ctx, nodes_before, len(gm.graph.nodes), before_code, after_code)
@@ -90,6 +93,28 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         for reason, count in ctx.ungrouped.most_common():
             log.info("relational: %d node(s) left ungrouped: %s", count, reason)
     return gm, report
+
+
+#: graphs of at most this many FX nodes are copied before grouping, to fall back to (the copy costs about
+#: 30 us per node; larger graphs are relational ones, where grouping pays)
+KEEP_AS_TRACED_UP_TO = 2000
+
+
+def _smaller_or_as_traced(grouped: fx.GraphModule, as_traced: fx.GraphModule | None, nodes_before: int,
+                          ctx) -> fx.GraphModule:
+    """``grouped`` if it has fewer FX nodes than the traced graph had, else the traced graph itself.
+
+    Grouping pays by running fewer, larger ops. Where nothing batches (a recurrent cell over time steps,
+    an ordinary model), the passes can only split ops into more pieces (``nn.LSTMCell`` into its gates),
+    which costs compile time and run time under Inductor and gains nothing."""
+    if as_traced is None or len(grouped.graph.nodes) < nodes_before:
+        return grouped
+    log.info("relational: grouping left %d FX nodes of %d; the graph is compiled as traced",
+             len(grouped.graph.nodes), nodes_before)
+    ctx.stats.update(kept_as_traced=f"grouping left {len(grouped.graph.nodes)} FX nodes of {nodes_before}",
+                     groups=nodes_before, vectorized_groups=0, schedule="as traced")
+    ctx.groups = []
+    return as_traced
 
 
 def _name_segment_provider(gm: fx.GraphModule, options: Options, stats: dict) -> None:

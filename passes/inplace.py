@@ -4,7 +4,9 @@ Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 ``alpha``) into ``acc + t``, an activation with ``inplace=True``
 (``nn.ReLU(inplace=True)``) into the plain call, and an in-place method or
 function whose plain form is in the neuron-op catalog (``h.relu_()``,
-``torch.sigmoid_(h)``) into that form. Legal when ``acc`` (``h``) is a fresh
+``torch.sigmoid_(h)``) into that form, and ``t.fill_(v)`` or ``t.zero_()`` of a
+new tensor ``t`` into the call that makes it filled (``x.new(1, d).fill_(0.)`` into
+``x.new_full((1, d), 0.)``). Legal when ``acc`` (``h``) is a fresh
 temporary: produced by an arithmetic op, ``torch.zeros`` or ``torch.clone``
 (not a view, input or parameter, nor a cast, ``detach`` or dropout, which may
 return their input itself) whose only user is the in-place op, and the
@@ -178,10 +180,44 @@ def _read_through_eval_dropouts(graph: fx.Graph) -> None:
                 graph.erase_node(node)
 
 
+#: calls that make a new tensor, whose values a ``fill_`` or ``zero_`` of the whole tensor then replaces
+_NEW_TENSOR_METHODS = {"new", "new_empty", "new_zeros", "new_ones", "new_full"}
+_NEW_TENSOR_FUNCTIONS = {torch.empty, torch.zeros, torch.ones, torch.full}
+_NEW_TENSOR_LIKE = {torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like}
+#: what ``new_full``, ``torch.full`` and ``torch.full_like`` take besides the shape and the value
+_FULL_KWARGS = {"dtype", "device", "layout", "pin_memory", "requires_grad"}
+
+
+def _fill_new_tensor(graph: fx.Graph, node: fx.Node) -> bool:
+    """Make ``t.fill_(v)`` or ``t.zero_()`` of a new tensor ``t`` that nothing else reads (``x.new(1, d).fill_(0.)``,
+    a leaf's zero state) the one call that makes the filled tensor (``x.new_full((1, d), 0.)``); whether it did."""
+    if node.op != "call_method" or node.target not in ("fill_", "zero_") or node.kwargs:
+        return False
+    t = node.args[0]
+    value = node.args[1:] if node.target == "fill_" else (0,)
+    if (len(value) != 1 or type(value[0]) not in (int, float, bool) or not isinstance(t, fx.Node)
+            or list(t.users) != [node] or tensor_info(t) is None or not set(t.kwargs) <= _FULL_KWARGS):
+        return False
+    shape = tuple(tensor_info(t).shape)
+    if t.op == "call_method" and t.target in _NEW_TENSOR_METHODS:
+        node.target, node.args = "new_full", (t.args[0], shape, value[0])
+    elif t.op == "call_function" and t.target in _NEW_TENSOR_FUNCTIONS:
+        node.op, node.target, node.args = "call_function", torch.full, (shape, value[0])
+    elif t.op == "call_function" and t.target in _NEW_TENSOR_LIKE:
+        node.op, node.target, node.args = "call_function", torch.full_like, (t.args[0], value[0])
+    else:
+        return False
+    node.kwargs = dict(t.kwargs)
+    graph.erase_node(t)
+    return True
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     _read_through_eval_dropouts(gm.graph)
     for node in gm.graph.nodes:
         if not is_in_place(node):
+            continue
+        if _fill_new_tensor(gm.graph, node):
             continue
         call = _pure_call(node)
         target = node.args[0] if node.args else None

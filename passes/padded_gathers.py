@@ -20,6 +20,8 @@ this pass then does nothing.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import logging
 
 import torch
@@ -41,11 +43,12 @@ MAX_PADDING = 4
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if ctx.options.gather_reduce_form != "padded":
         return gm
-    rewritten = kept = 0
+    rewritten = 0
+    kept: Counter = Counter()   # why gathers keep the CSR product -> how many (logged once per reason)
     for node in list(gm.graph.find_nodes(op="call_function", target=_GATHER_REDUCE)):
         layout = _padded_layout(gm, node)
-        if layout is None:
-            kept += 1
+        if isinstance(layout, str):
+            kept[layout] += 1
             continue
         slots, weights = layout
         with gm.graph.inserting_before(node):
@@ -55,25 +58,23 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         node.replace_all_uses_with(padded)
         gm.graph.erase_node(node)   # (its packed index, now unread, is dropped by ``cleanup``, which runs next)
         rewritten += 1
+    for reason, count in kept.items():
+        log.info("relational: %d gather(s) keep the CSR product: %s", count, reason)
     ctx.stats["padded_gathers"] = rewritten
-    ctx.stats["padded_gathers_kept"] = kept
+    ctx.stats["padded_gathers_kept"] = sum(kept.values())
     return gm
 
 
 def _padded_layout(gm: fx.GraphModule, node: fx.Node):
-    """``(slots, weights)`` for ``node``, or None (logged) where it keeps the CSR product."""
+    """``(slots, weights)`` for ``node``, or why it keeps the CSR product."""
     source, csr_node, out_rows, reduce = node.args[:4]
     transpose = node.args[4] if len(node.args) > 4 else node.kwargs.get("transpose", False)
     csr, columns, info = constant_value(gm, csr_node), rows(source), tensor_info(source)
     if csr is None or columns is None or info is None or columns == 0:
-        log.info("relational: %s keeps the CSR product: its index or source rows are not known, "
-                 "or it has no source rows", node.name)
-        return None
+        return "its index or source rows are not known, or it has no source rows"
     slots, weights = ell_layout(csr, out_rows, columns, transpose, reduce)
     entries = int((weights != 0).sum())
     if slots.numel() > MAX_PADDING * max(entries, 1):
-        log.info("relational: %s keeps the CSR product: padding its %d entries to %d rows x %d would read "
-                 "%.1fx as many", node.name, entries, slots.shape[0], slots.shape[1], slots.numel() / max(entries, 1))
-        return None
+        return f"padding would read more than {MAX_PADDING}x as many entries"
     return slots, weights.to(info.dtype)
 

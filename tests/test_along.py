@@ -48,6 +48,30 @@ def test_ops_along_dimensions_group_and_match_eager(front_end):
     assert report.nodes_after < report.nodes_before / 5
 
 
+class ImplicitDims(nn.Module):
+    """``nn.LogSoftmax()`` and ``nn.Softmax()`` without ``dim``, as older per-node classifiers call them: torch's
+    implicit choice, dim 0 of a vector and dim 1 of a matrix."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+        self.log_softmax, self.softmax = nn.LogSoftmax(), nn.Softmax()
+
+    def forward(self, x, planes):
+        return torch.stack([torch.cat([self.log_softmax(self.lin(x[v])), self.softmax(planes[v]).flatten()])
+                            for v in range(len(NEIGHBORS))])
+
+
+@pytest.mark.filterwarnings("ignore:Implicit dimension choice")
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_softmax_without_dim_takes_torchs_implicit_dim_and_groups(front_end):
+    torch.manual_seed(0)
+    inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
+    report = report_matching_eager(front_end, ImplicitDims(), *inputs, inductor=False)
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 5
+
+
 class Statistics(nn.Module):
     """PNA-style statistics of each neuron's stacked messages, in the forms std and var are called."""
 

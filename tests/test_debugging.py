@@ -49,14 +49,18 @@ def test_report_lists_groups_with_signatures_and_every_ungrouped_node():
     assert "nodes after vectorize" in str(report)
 
 
-def test_logs_switch_on_from_the_environment():
-    code = ("import torch, dynamo_relational\n"
-            "m = torch.nn.Linear(3, 2)\n"
+@pytest.mark.parametrize("variable, value", [("TORCH_LOGS", "+dynamo_relational"), ("DYNAMO_RELATIONAL_LOGS", "info")])
+def test_logs_switch_on_from_the_environment_with_the_graphs_id(variable, value):
+    code = ("import torch\n"   # the backend found through its entry point, the package imported by torch.compile
+            "m = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Tanh())\n"
             "torch.compile(m, backend='relational', options={'inductor': False})(torch.randn(2, 3))\n")
-    env = dict(os.environ, DYNAMO_RELATIONAL_LOGS="info", PYTHONPATH=os.getcwd())
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS", "DYNAMO_RELATIONAL_LOGS")}
+    env.update({variable: value, "PYTHONPATH": os.getcwd()})
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "[dynamo_relational] INFO" in out.stderr
+    lines = [line for line in out.stderr.splitlines() if "relational:" in line]
+    assert lines, out.stderr[-2000:]
+    assert all("[0/0]" in line for line in lines), lines   # Dynamo's frame 0, first compilation
 
 
 def test_bad_log_level_is_named():

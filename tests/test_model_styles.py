@@ -66,6 +66,40 @@ def test_per_neuron_zeros_accumulators_become_one_constant(front_end, method):
     assert report.nodes_after <= 13   # the zeros: one constant (or one new_zeros call), not one per neuron
 
 
+class FilledLeafStates(torch.nn.Module):
+    """A recursive net whose leaves start from a state made and then filled in place, as older tree code
+    writes it: ``x.new(1, d).fill_(0.)``, ``torch.empty(1, d).zero_()``, ``torch.empty_like(...).fill_(1.)``."""
+
+    CHILDREN = [[1, 2], [3, 4], [5, 6], [], [], [], []] * 3
+
+    def __init__(self):
+        super().__init__()
+        self.W, self.U = torch.nn.Linear(3, 3, dtype=torch.float64), torch.nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, x):
+        h = [None] * len(self.CHILDREN)
+        for v in reversed(range(len(self.CHILDREN))):
+            kids = [h[c] for c in self.CHILDREN[v] if c > v and c < v + 7]
+            if kids:
+                z = sum(kids)
+            elif v % 3 == 0:
+                z = x.new(1, 3).fill_(0.)
+            elif v % 3 == 1:
+                z = torch.empty(1, 3, dtype=x.dtype).zero_()
+            else:
+                z = torch.empty_like(x[v:v + 1]).fill_(0.5)
+            h[v] = torch.tanh(self.W(x[v:v + 1]) + self.U(z))
+        return torch.cat(h)
+
+
+@pytest.mark.parametrize("front_end", ["fast", "backend"])
+def test_a_new_tensor_filled_in_place_groups(front_end):
+    x = torch.randn(len(FilledLeafStates.CHILDREN), 3, dtype=torch.float64)
+    report = report_matching_eager(front_end, FilledLeafStates(), x)
+    assert not report.ungrouped, report.ungrouped   # the fills no longer keep the graph in its order
+    assert report.nodes_after < report.nodes_before / 2
+
+
 def test_zero_accumulator_is_no_term_of_the_sum():
     """``acc = torch.zeros(...); acc += ...`` traced by the fast front-end: the zero start drops
     out of the sum (tracing ran ``+=`` on the constant's traced value, which must not count)."""

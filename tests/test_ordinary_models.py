@@ -66,6 +66,20 @@ class LSTM(nn.Module):
         return out, h, c
 
 
+class LSTMCellLoop(nn.Module):
+    """A small batch through an ``nn.LSTMCell`` over time steps: a chain, nothing for grouping to batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell, self.out = nn.LSTMCell(4, 6), nn.Linear(6, 1)
+
+    def forward(self, x):
+        h = c = x.new_zeros(x.shape[1], 6)
+        for t in range(x.shape[0]):
+            h, c = self.cell(x[t], (h, c))
+        return self.out(h)
+
+
 class Linear(nn.Module):
     """A linear layer, then ``body`` on its result."""
 
@@ -113,6 +127,7 @@ CASES = {
     "multihead_attention": (lambda: nn.MultiheadAttention(8, 2, batch_first=True),   # called directly
                             lambda: (torch.randn(2, 5, 8),) * 3, torch.float64),
     "lstm": (LSTM, lambda: torch.randn(2, 5, 4), torch.float64),
+    "lstm_cell_loop": (LSTMCellLoop, lambda: torch.randn(8, 4, 4), torch.float64),
     **{name: (lambda body=body: Linear(body), lambda: torch.randn(3, 4), torch.float64)
        for name, body in BODIES.items()},
 }
@@ -180,3 +195,15 @@ def test_fast_front_end_matches_eager(name):
     eager = _outputs_and_gradients(model, model, inputs)
     ours = _outputs_and_gradients(dynamo_relational.compile(model, inputs), model, inputs)
     _assert_same(ours, eager, dtype)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_a_graph_that_grouping_makes_no_smaller_is_compiled_as_traced(front_end):
+    """The cells of a time loop cannot run together; split into their gates, they would only make more ops."""
+    model, inputs, dtype = _model_and_inputs("lstm_cell_loop")
+    if front_end == "backend":
+        report = dynamo_relational.explain(model, *inputs).graphs[0]
+    else:
+        report = dynamo_relational.compile(model, inputs).report.graphs[0]
+    assert report.nodes_after == report.nodes_before and report.vectorized_groups == 0, report
+    assert "kept_as_traced" in report.stats

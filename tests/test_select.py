@@ -77,6 +77,30 @@ def test_embeddings_of_constant_indices_are_row_reads_that_group(front_end):
     assert not any("embedding" in reason for reason in report.ungrouped), report.ungrouped
 
 
+class WordsOfOneElement(nn.Module):
+    """Per-leaf lookups as tree code writes them: ``emb(torch.LongTensor([w]))`` and ``emb(torch.tensor([w]))``,
+    each a row with a leading 1."""
+
+    WORDS = [3, 1, 4, 1, 5, 9, 2, 6]
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        rows = [self.emb(torch.LongTensor([w]) if i % 2 else torch.tensor([w])) for i, w in enumerate(self.WORDS)]
+        return torch.cat([torch.tanh(row + x[i]) for i, row in enumerate(rows)])
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_embeddings_of_one_element_index_tensors_group(front_end):
+    torch.manual_seed(0)
+    x = torch.randn(len(WordsOfOneElement.WORDS), 4, dtype=torch.float64)
+    report = report_matching_eager(front_end, WordsOfOneElement(), x, inductor=False)
+    assert not any("embedding" in reason for reason in report.ungrouped), report.ungrouped
+    assert report.nodes_after < report.nodes_before / 3
+
+
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_an_embedding_of_a_buffer_reads_the_buffers_value_on_every_call(front_end):
     """A buffer may change between calls: its index is never baked into the graph as a constant."""

@@ -43,6 +43,9 @@ _OPS = {
 _OVER_DIMS = ("norm", "std", "var")
 #: the ``dim`` of ops that have a default one
 _DEFAULT_DIM = {"normalize": 1, "glu": -1}
+#: ops whose ``dim=None`` means torch's legacy implicit choice (``nn.LogSoftmax()``): 0 for a value of
+#: rank 0, 1 or 3, else 1 (``torch.nn.functional._get_softmax_dim``)
+_IMPLICIT_DIM = ("softmax", "log_softmax", "softmin")
 #: target -> (op, the target's argument names; ``input`` is the operand, ``p`` of a norm its ``ord``)
 _TARGETS = {
     torch.softmax: ("softmax", ("input", "dim", "dtype")),
@@ -104,6 +107,8 @@ class Along(OpFamily):
             elif args.get("correction", 0) is None:
                 del args["correction"]   # the default
         dim = args.pop("dim", _DEFAULT_DIM.get(op))
+        if dim is None and op in _IMPLICIT_DIM:
+            dim = 0 if xi.rank in (0, 1, 3) else 1
         if dim is None and op in _OVER_DIMS:
             dims = tuple(range(xi.rank))
         elif type(dim) is int and -max(xi.rank, 1) <= dim < max(xi.rank, 1):

@@ -73,13 +73,15 @@ class Select(OpFamily):
         if args.get("padding_idx") is not None or args.get("max_norm") is not None \
                 or args.get("scale_grad_by_freq") or args.get("sparse"):
             return "embedding with padding_idx, max_norm, scale_grad_by_freq or sparse"
-        weight, index = args["weight"], _constant_int(args.get("input"))
+        weight, constant = args["weight"], _constant_index(args.get("input"))
         src, info = tensor_info(weight), tensor_info(node)
-        if index is None or src is None or info is None or src.rank != 2:
+        if constant is None or src is None or info is None or src.rank != 2:
             return "embedding of an index that is not one integer made in forward"
+        index, shape = constant
         if not 0 <= index < src.shape[0]:
             return f"embedding index {index} out of range for {src.shape[0]} rows"
-        return NeuronOp(node, self, (self.name, src, 1, (), info), (weight,), info, (index,), ())
+        rest = (None,) * len(shape)   # emb(torch.tensor([w])): the row with a leading 1
+        return NeuronOp(node, self, (self.name, src, 1, rest, info), (weight,), info, (index,), rest)
 
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         first = members[0]
@@ -99,22 +101,32 @@ class Select(OpFamily):
         return b.graph.call_function(operator.getitem, (rows, (_FULL, *first.template)))
 
 
-def _constant_int(node) -> int | None:
-    """The value of a 0-d integer tensor built from a Python int inside ``forward``: Dynamo's
-    ``torch.tensor(3)``, or the constant the fast front-end records for it (never a model buffer,
-    whose value may change between calls)."""
+def _constant_index(node) -> tuple[int, tuple] | None:
+    """``(value, shape)`` of an integer tensor of one element, shape ``()`` or ``(1,)``, built from a Python int
+    inside ``forward``: Dynamo's ``torch.tensor(3)``, ``torch.tensor([3])`` or ``torch.LongTensor([3])``, or the
+    constant the fast front-end records for each (never a model buffer, whose value may change between calls)."""
     if not isinstance(node, fx.Node):
         return None
+    if node.op == "call_function" and node.target in (torch.LongTensor, torch.IntTensor):
+        value = node.args[0] if len(node.args) == 1 and not node.kwargs else None
+        if isinstance(value, (list, tuple)) and len(value) == 1 and type(value[0]) is int:
+            return value[0], (1,)
+        return None   # (torch.LongTensor(3) is three uninitialized entries)
     if node.op == "call_function" and node.target is torch.tensor:
         value = node.args[0] if len(node.args) == 1 else None
         dtype = node.kwargs.get("dtype", torch.long)
-        if type(value) is int and set(node.kwargs) <= {"dtype", "device"} and dtype in (torch.long, torch.int):
-            return value
+        if not set(node.kwargs) <= {"dtype", "device"} or dtype not in (torch.long, torch.int):
+            return None
+        if type(value) is int:
+            return value, ()
+        if isinstance(value, (list, tuple)) and len(value) == 1 and type(value[0]) is int:
+            return value[0], (1,)
         return None
     if node.op == "get_attr" and node.target.startswith("_tensor_constant") and node.graph.owning_module is not None:
         value = getattr(node.graph.owning_module, node.target, None)
-        if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype in (torch.long, torch.int):
-            return int(value)
+        if (isinstance(value, torch.Tensor) and value.dim() <= 1 and value.numel() == 1
+                and value.dtype in (torch.long, torch.int)):
+            return int(value.reshape(())), tuple(value.shape)
     return None
 
 
