@@ -476,11 +476,15 @@ class _Tracer(fx.Tracer):
         except FrontendError:
             raise
         except Exception as e:   # raised by user code (or code it calls) handed a proxy for a tensor
-            raise FrontendError(
-                f"{type(e).__name__} while tracing {_user_line(_traceback_frames(e))}\n{e}\n"
-                "dynamo_relational.compile runs forward on torch.fx proxies: code that needs real tensors "
-                "(torch.func transforms, for one) cannot be traced; use torch.compile(model, "
-                "backend=\"relational\").") from e
+            if "Variable data has to be a tensor" in str(e):   # torch.autograd.Variable(t), which takes tensors only
+                advice = ("torch.autograd.Variable(t) gives t back (detached) since PyTorch 0.4 and cannot take a "
+                          "traced value: use t (or t.detach()) itself, or torch.compile(model, backend=\"relational\").")
+            else:
+                advice = ("dynamo_relational.compile runs forward on torch.fx proxies: code that needs real tensors "
+                          "(torch.func transforms, for one) cannot be traced; use torch.compile(model, "
+                          "backend=\"relational\").")
+            raise FrontendError(f"{type(e).__name__} while tracing {_user_line(_traceback_frames(e))}\n{e}\n"
+                                f"{advice}") from e
         finally:
             self._stop = None
             self._values.clear()
@@ -1088,9 +1092,11 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
             if tracer.wrote_untraced is not None:
                 raise FrontendError(
                     f"a traced value is written into a tensor the trace does not see at {tracer.wrote_untraced} "
-                    "(a plain tensor attribute, or one made outside forward): dynamo_relational.compile would "
-                    "keep one such tensor for every call. Make it in forward (x.new_zeros(...)), register it as a "
-                    "buffer, or use torch.compile(model, backend=\"relational\").")
+                    "(a plain tensor attribute, one made outside forward, or one made by a legacy constructor such "
+                    "as torch.Tensor(n, d) or torch.FloatTensor(n, d), which tracing cannot record): "
+                    "dynamo_relational.compile would keep one such tensor for every call. Make it in forward with a "
+                    "factory (x.new_zeros(...), torch.zeros(...)), register it as a buffer, or use "
+                    "torch.compile(model, backend=\"relational\").")
     stored = attributes.stored_proxy()
     if stored is not None:
         attributes.restore()

@@ -1,7 +1,7 @@
 """Rows written or accumulated one by one into a new tensor become one ``stack``.
 
 Rewrites ``out = torch.zeros(n, d)`` (or ``x.new_zeros``, ``torch.zeros_like``,
-``torch.empty``) followed by ``out[i] = h`` and ``out[i] += m`` for constant
+``torch.empty``, ``torch.Tensor(n, d)``) followed by ``out[i] = h`` and ``out[i] += m`` for constant
 integers ``i`` (the common ways to fill an output row by row, or to add each
 message into its neuron's row) into each row's value, the sum of the terms
 added since its last write (``+`` chains, which the aggregation pass makes one
@@ -34,6 +34,9 @@ from .inplace import is_in_place, is_zeros
 from .mode_regions import is_mode_switch
 
 _EMPTY_FUNCTIONS = (torch.empty, torch.empty_like)
+#: legacy constructors: ``torch.Tensor(n, d)`` is uninitialized memory of that size (``torch.Tensor([1, 2])`` data)
+_LEGACY_CONSTRUCTORS = (torch.Tensor, torch.FloatTensor, torch.DoubleTensor, torch.HalfTensor, torch.BFloat16Tensor,
+                        torch.LongTensor, torch.IntTensor)
 
 
 def _new_tensor(node: fx.Node) -> str | None:
@@ -44,6 +47,9 @@ def _new_tensor(node: fx.Node) -> str | None:
         return "zeros"
     if (node.op == "call_function" and node.target in _EMPTY_FUNCTIONS) or \
             (node.op == "call_method" and node.target == "new_empty"):
+        return "empty"
+    if (node.op == "call_function" and node.target in _LEGACY_CONSTRUCTORS and node.args and not node.kwargs
+            and all(type(a) is int for a in node.args)):
         return "empty"
     return None
 

@@ -23,7 +23,8 @@ class RowWrites(nn.Module):
 
     def forward(self, x):
         make = {"zeros": lambda: torch.zeros(N, 4, dtype=x.dtype), "new_zeros": lambda: x.new_zeros(N, 4),
-                "zeros_like": lambda: torch.zeros_like(x), "empty": lambda: torch.empty(N, 4, dtype=x.dtype)}
+                "zeros_like": lambda: torch.zeros_like(x), "empty": lambda: torch.empty(N, 4, dtype=x.dtype),
+                "legacy": lambda: torch.DoubleTensor(N, 4)}
         out = make[self.make]()
         order = self.rows[::2] + self.rows[1::2]
         for v in order + order[:1]:
@@ -38,6 +39,30 @@ def test_rows_written_into_a_new_tensor_become_one_stack_and_match_eager(make, f
     report = report_matching_eager(front_end, RowWrites(make), torch.randn(N, 4, dtype=torch.float64))
     assert not report.ungrouped, report.ungrouped
     assert report.nodes_after < report.nodes_before / 5
+
+
+def test_rows_written_into_a_legacy_constructors_tensor_become_one_stack_through_dynamo():
+    """``torch.DoubleTensor(n, d)``, uninitialized as ``torch.empty``: every row written, the rows group."""
+    torch.manual_seed(0)
+    report = report_matching_eager("backend", RowWrites("legacy"), torch.randn(N, 4, dtype=torch.float64))
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 5
+
+
+class VariableRows(RowWrites):
+    def forward(self, x):
+        out = torch.autograd.Variable(torch.zeros(N, 4, dtype=x.dtype))
+        for v in range(N):
+            out[v] = torch.tanh(self.lin(x[v]))
+        return out
+
+
+@pytest.mark.parametrize("model, message", [(RowWrites("legacy"), "legacy constructor such as torch.Tensor"),
+                                            (VariableRows("zeros"), r"Variable\(t\) gives t back")])
+def test_the_fast_front_end_names_legacy_tensor_code_it_cannot_trace(model, message):
+    from dynamo_relational.frontend import FrontendError
+    with pytest.raises(FrontendError, match=message):
+        dynamo_relational.compile(model, torch.randn(N, 4, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
