@@ -70,6 +70,7 @@ import operator
 import os
 import sys
 import time
+import types
 import traceback
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Sequence
@@ -1056,6 +1057,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     progress.start("tracing")
     generators = _generator_states()
     attributes = _Attributes(model)
+    objects = _PlainObjects(model)
     with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
         graph = tracer.trace(model)
         # Tracing computes no random value from the generators (see _Tracer._value): a draw means a
@@ -1105,6 +1107,14 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
             "tensor ops, not values kept in the model's lists and dicts (this one would be stored once, while "
             "tracing, and not as a tensor). Return it as an output, or use torch.compile(model, "
             "backend=\"relational\").")
+    stored = objects.stored_proxy()
+    if stored is not None:
+        objects.restore()
+        raise FrontendError(
+            f"{type(model).__name__}.forward stores a traced value in {stored}: dynamo_relational.compile records "
+            "tensor ops, and would leave that attribute holding a value of the trace, not of any call. Keep such "
+            "state in local variables (a dict from node to state) or return it, or use torch.compile(model, "
+            "backend=\"relational\"), which replays attribute writes.")
     changed = attributes.changed(scalars=False)
     if changed is not None:
         attributes.restore()
@@ -1226,6 +1236,61 @@ def _version(tensor: torch.Tensor) -> int | None:
 #: nn.Module's own state: its parameters, buffers and submodules (the graph reads those as get_attr nodes) and
 #: its train/eval flag (:meth:`RelationalModule._state` keys the graphs by it)
 _MODULE_STATE = frozenset(("_parameters", "_buffers", "_modules", "training"))
+
+
+class _PlainObjects:
+    """The plain Python objects that the modules reach through their attributes (a tree's nodes, a sample's
+    objects), with their attributes as they were before tracing: to find a traced value that ``forward``
+    stored on one (``node.state = (c, h)``), which tracing would leave there, and to undo that."""
+
+    #: objects looked at, at most (the structure of a large grounding stays cheap to walk)
+    LIMIT = 200_000
+
+    def __init__(self, model: nn.Module):
+        self.saved: list[tuple[Any, tuple, dict]] = []   # (object, its path, its attributes before tracing)
+        seen: set[int] = set()
+        stack = [(value, (type(module).__name__, f".{name}")) for module in model.modules()
+                 for name, value in vars(module).items() if name not in _MODULE_STATE]
+        while stack and len(seen) < self.LIMIT:
+            value, path = stack.pop()
+            kind = type(value)
+            if kind in _SCALARS or id(value) in seen or isinstance(value, (torch.Tensor, nn.Module, type)):
+                continue
+            seen.add(id(value))
+            if kind is list or kind is tuple:
+                stack.extend((v, (path, f"[{i}]")) for i, v in enumerate(value) if type(v) not in _SCALARS)
+            elif kind is dict:
+                stack.extend((v, (path, f"[{k!r}]")) for k, v in value.items() if type(v) not in _SCALARS)
+            elif hasattr(value, "__dict__") and not callable(value) and not isinstance(value, types.ModuleType):
+                attributes = getattr(value, "__dict__")
+                if type(attributes) is not dict:   # (an object that is no plain one)
+                    continue
+                self.saved.append((value, path, dict(attributes)))
+                stack.extend((v, (path, f".{k}")) for k, v in attributes.items() if type(v) not in _SCALARS)
+
+    def stored_proxy(self) -> str | None:
+        """The first attribute of such an object (as ``"Model.trees[0].children[1].state"``) that now holds a
+        traced value, also inside a list, tuple or dict."""
+        for value, path, _ in self.saved:
+            for name, item in vars(value).items():
+                if isinstance(item, fx.Proxy) or (type(item) in (list, tuple, dict) and any(
+                        isinstance(i, fx.Proxy) for i in (item.values() if type(item) is dict else item))):
+                    return _path_text(path) + f".{name}"
+        return None
+
+    def restore(self) -> None:
+        for value, _, before in self.saved:
+            attributes = vars(value)
+            attributes.clear()
+            attributes.update(before)
+
+
+def _path_text(path: tuple) -> str:
+    parts = []
+    while isinstance(path, tuple):
+        path, part = path
+        parts.append(part)
+    return path + "".join(reversed(parts))
 #: the Python scalars that :class:`_Attributes` compares
 _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
 #: the key of a tensor held by the attribute itself, not by an item of a list, tuple or dict

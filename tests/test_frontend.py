@@ -502,6 +502,39 @@ def test_forward_keeping_a_traced_value_in_a_list_or_dict_attribute_is_a_clear_e
     assert model.history == [1] and model.stats == {"calls": 0}
 
 
+class _TreeNode:
+    def __init__(self, index: int, children: list):
+        self.index, self.children, self.state = index, children, None
+
+
+def test_forward_storing_a_traced_value_on_a_tree_node_is_a_clear_error():
+    """``node.state = h`` on the plain objects of a tree: the trace would leave them holding its values; refused,
+    naming the attribute, and every node put back."""
+    class Recursive(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            self.root = _TreeNode(0, [_TreeNode(1, []), _TreeNode(2, [_TreeNode(3, [])])])
+
+        def visit(self, node, x):
+            for child in node.children:
+                self.visit(child, x)
+            node.state = torch.tanh(self.lin(x[node.index]) + sum(c.state for c in node.children))
+
+        def forward(self, x):
+            self.visit(self.root, x)
+            return self.root.state
+
+    model = Recursive()
+    with pytest.raises(FrontendError, match=r"stores a traced value in Recursive\.root(\.children\[\d\])*\.state"):
+        dynamo_relational.compile(model, torch.randn(4, 2), inductor=False)
+    nodes = [model.root]
+    while nodes:
+        node = nodes.pop()
+        assert node.state is None
+        nodes += node.children
+
+
 def test_training_through_inductor_matches_eager():
     """20 Adam steps over model.parameters(); the first step's gradients equal eager's exactly."""
     torch.manual_seed(0)
