@@ -174,17 +174,23 @@ def _view_chain(value: fx.Node) -> fx.Graph | None:
 
 
 def _view_of_output(values: list, p: int, first: dict) -> tuple[int, fx.Graph] | None:
-    """``(q, graph)``: ``values[p]`` is computed by views (one tensor operand each) from ``values[q]``, the
-    farthest output on the way back (``first``: an output's node -> its first position), and ``graph``
-    computes it from a placeholder for that value; else None. (The farthest: ``values[q]`` is then no view
-    of another output, so replaying the views from it needs no other output replayed first.)"""
-    chain, node, found = [], values[p], None
+    """``(q, graph)``: ``values[p]`` is computed by views (one tensor operand each) from ``values[q]``, and
+    ``graph`` computes it from a placeholder for that value; else None (``first``: an output's node -> its
+    first position). ``values[q]`` is the nearest output on the way back that comes before ``p``: the run
+    replays the outputs in order, so it is replayed already, and the views from it are eager's own (one
+    farther back would also replay the views in between, and a ``reshape`` there may copy, as eager's did
+    not for ``values[q]``). Else the farthest output on the way back, no view of another output, so
+    replaying from it needs no other output replayed first."""
+    chain, node, farthest, earlier = [], values[p], None, None
     while isinstance(node, fx.Node) and replayable_view(node):
         chain.append(node)
         node = node.args[0]
         q = first.get(node)
         if q is not None and q != p:
-            found = q, len(chain)
+            farthest = q, len(chain)
+            if q < p and earlier is None:
+                earlier = farthest
+    found = earlier or farthest
     if found is None:
         return None
     q, length = found

@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 from torch import nn
 
 import dynamo_relational
@@ -339,6 +339,18 @@ def _after_writing(fn, x, k):
         return [o.clone() for o in outs] + [given]
 
 
+#: outputs the property tests once found wrong, checked on every run: a view of a view of a transposed stack
+#: (the second view's reshape copied where eager's did not)
+TRANSPOSED_VIEWS = [("hidden_transposed", 0), ("view_of_earlier", 0), ("view_of_earlier", 1)]
+
+
+def _found_failures(test):
+    for front_end in FRONT_ENDS:
+        test = example(kinds=TRANSPOSED_VIEWS, rows=2, front_end=front_end, inductor=False)(test)
+    return test
+
+
+@_found_failures
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(kinds=st.lists(st.tuples(st.sampled_from(OUTPUT_KINDS), st.integers(0, 100)), min_size=1, max_size=6),
        rows=st.integers(1, 4), front_end=st.sampled_from(FRONT_ENDS), inductor=st.booleans())
@@ -388,6 +400,7 @@ def test_three_hundred_random_subsets_of_partial_domain_ops_match_eager(rows, op
 
 
 @pytest.mark.fuzz
+@_found_failures
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(kinds=st.lists(st.tuples(st.sampled_from(OUTPUT_KINDS), st.integers(0, 100)), min_size=1, max_size=6),
        rows=st.integers(1, 4), front_end=st.sampled_from(FRONT_ENDS), inductor=st.booleans())
