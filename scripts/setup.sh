@@ -6,7 +6,7 @@ fi
 source .venv/bin/activate
 python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "^WARNING: Location" || true
 python -m pip install --quiet --disable-pip-version-check -e ".[test,bench,db,neuralogic]" 2>&1 | grep -v "^WARNING: Location" || true
-python -c "import torch, dynamo_relational, pytest, hypothesis, expecttest, torch_geometric, tqdm, sqlalchemy, neuralogic" || { echo "setup failed" >&2; exit 1; }
+python -c "import torch, dynamo_relational, pytest, xdist, hypothesis, expecttest, torch_geometric, tqdm, sqlalchemy, neuralogic" || { echo "setup failed" >&2; exit 1; }
 # PostgreSQL server binaries for tests/test_relational_db.py, which start a throwaway server (and skip
 # without them). Best effort: only as root with apt-get, and a failure here does not stop the set-up.
 if ! compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null && ! command -v initdb >/dev/null \

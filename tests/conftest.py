@@ -3,13 +3,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import pytest
 import torch
+import torch._inductor.config
 
 import dynamo_relational
 
 TOLERANCE = {torch.float64: dict(rtol=1e-9, atol=1e-12), torch.float32: dict(rtol=1e-4, atol=1e-5)}
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # test.sh runs one worker per core: a worker's own OpenMP threads would compete with the others' (small
+    # kernels stall then), and Inductor's pool of compile processes would too
+    torch.set_num_threads(1)
+    torch._inductor.config.compile_threads = 1
 
 
 def assert_compiled_matches_eager(model: torch.nn.Module, *inputs: torch.Tensor, tolerance: dict | None = None,
