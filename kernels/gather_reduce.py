@@ -216,9 +216,9 @@ def _build_matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce:
 def prepare_products(source, csr: Tensor, rows: int | None = None, reduce: str = "sum",
                      transpose: bool = False) -> list:
     """Build now the matrices that ``gather_reduce(source, csr, rows, reduce, transpose)`` (or, with ``rows``
-    None, ``gather_rows(source, csr)``) and its backward multiply by (of ``source`` only its ``shape`` and
-    ``dtype`` count: a fake tensor or the passes' ``TensorInfo`` will do); the caller holds the returned list, and while it does every call finds them
-    built.
+    None, ``gather_rows(source, csr)``) and its backward multiply by. Of ``source`` only its ``shape`` and
+    ``dtype`` count (a fake tensor or the passes' ``TensorInfo`` will do). The caller holds the returned list;
+    while it does, every call finds the matrices built.
 
     CUDA graphs need this: a matrix built during a recorded run would be allocated in the graphs' memory
     pool and outlive the run, and reading its longest segment back would wait for the device."""
