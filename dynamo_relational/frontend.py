@@ -68,6 +68,7 @@ import linecache
 import logging
 import operator
 import os
+import re
 import sys
 import time
 import types
@@ -1103,18 +1104,20 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     if stored is not None:
         attributes.restore()
         raise FrontendError(
-            f"{type(model).__name__}.forward stores a traced value in {stored}: dynamo_relational.compile records "
-            "tensor ops, not values kept in the model's lists and dicts (this one would be stored once, while "
-            "tracing, and not as a tensor). Return it as an output, or use torch.compile(model, "
+            f"{type(model).__name__}.forward stores a traced value in {stored[0]} (the value computed at "
+            f"{_computed_at(stored[1])}): dynamo_relational.compile records tensor ops, not values kept in the "
+            "model's lists and dicts (this one would be stored once, while tracing, and not as a tensor). Collect "
+            "such values in a local list or dict and return them, or use torch.compile(model, "
             "backend=\"relational\").")
     stored = objects.stored_proxy()
     if stored is not None:
         objects.restore()
         raise FrontendError(
-            f"{type(model).__name__}.forward stores a traced value in {stored}: dynamo_relational.compile records "
-            "tensor ops, and would leave that attribute holding a value of the trace, not of any call. Keep such "
-            "state in local variables (a dict from node to state) or return it, or use torch.compile(model, "
-            "backend=\"relational\"), which replays attribute writes.")
+            f"{type(model).__name__}.forward stores a traced value in {stored[0]} (the value computed at "
+            f"{_computed_at(stored[1])}): dynamo_relational.compile records tensor ops, and would leave that "
+            "attribute holding a value of the trace, not of any call. Keep such state in local variables (a dict "
+            "from node to state) or return it, or use torch.compile(model, backend=\"relational\"), which "
+            "replays attribute writes.")
     changed = attributes.changed(scalars=False)
     if changed is not None:
         attributes.restore()
@@ -1196,14 +1199,14 @@ class _Attributes:
                 return f"{type(module).__name__}.{name}", f"changed from {held!r} to {value!r}"
         return None
 
-    def stored_proxy(self) -> str | None:
+    def stored_proxy(self) -> tuple[str, fx.Proxy] | None:
         """The first list or dict attribute (as ``"Model.history"``) that now holds a traced value (one level
-        deep): ``forward`` appended one to it, or stored one in it, while tracing."""
+        deep), and that value: ``forward`` appended one to it, or stored one in it, while tracing."""
         for module, name, container, _ in self.containers:
-            items = container.values() if isinstance(container, dict) else container
-            if any(isinstance(item, fx.Proxy) or (type(item) in (list, tuple, dict) and any(
-                    isinstance(i, fx.Proxy) for i in (item.values() if type(item) is dict else item))) for item in items):
-                return f"{type(module).__name__}.{name}"
+            for item in (container.values() if isinstance(container, dict) else container):
+                proxy = _proxy_in(item)
+                if proxy is not None:
+                    return f"{type(module).__name__}.{name}", proxy
         return None
 
     def restore(self) -> None:
@@ -1268,14 +1271,14 @@ class _PlainObjects:
                 self.saved.append((value, path, dict(attributes)))
                 stack.extend((v, (path, f".{k}")) for k, v in attributes.items() if type(v) not in _SCALARS)
 
-    def stored_proxy(self) -> str | None:
+    def stored_proxy(self) -> tuple[str, fx.Proxy] | None:
         """The first attribute of such an object (as ``"Model.trees[0].children[1].state"``) that now holds a
-        traced value, also inside a list, tuple or dict."""
+        traced value, also inside a list, tuple or dict, and that value."""
         for value, path, _ in self.saved:
             for name, item in vars(value).items():
-                if isinstance(item, fx.Proxy) or (type(item) in (list, tuple, dict) and any(
-                        isinstance(i, fx.Proxy) for i in (item.values() if type(item) is dict else item))):
-                    return _path_text(path) + f".{name}"
+                proxy = _proxy_in(item)
+                if proxy is not None:
+                    return _path_text(path) + f".{name}", proxy
         return None
 
     def restore(self) -> None:
@@ -1283,6 +1286,21 @@ class _PlainObjects:
             attributes = vars(value)
             attributes.clear()
             attributes.update(before)
+
+
+def _proxy_in(item: Any) -> fx.Proxy | None:
+    """``item`` if it is a traced value, else the first one in the list, tuple or dict it is."""
+    if isinstance(item, fx.Proxy):
+        return item
+    if type(item) in (list, tuple, dict):
+        return next((i for i in (item.values() if type(item) is dict else item) if isinstance(i, fx.Proxy)), None)
+    return None
+
+
+def _computed_at(proxy: fx.Proxy) -> str:
+    """``file:line in function: code`` where the traced value was computed (its node's recorded frame)."""
+    match = re.search(r'File "(.+)", line (\d+), in (\S+)\n\s*(.*)', proxy.node.meta.get("stack_trace") or "")
+    return f"{match[1]}:{match[2]} in {match[3]}: {match[4]}" if match else "an unknown source line"
 
 
 def _path_text(path: tuple) -> str:

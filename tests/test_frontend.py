@@ -497,7 +497,8 @@ def test_forward_keeping_a_traced_value_in_a_list_or_dict_attribute_is_a_clear_e
             return h
 
     model = Keeping()
-    with pytest.raises(FrontendError, match=r"Keeping.forward stores a traced value in Keeping.(history|stats)"):
+    with pytest.raises(FrontendError, match=r"Keeping.forward stores a traced value in Keeping.(history|stats) "
+                                            r"\(the value computed at .*test_frontend.py:\d+ in forward: "):
         dynamo_relational.compile(model, torch.randn(3, 2), inductor=False)
     assert model.history == [1] and model.stats == {"calls": 0}
 
@@ -526,7 +527,8 @@ def test_forward_storing_a_traced_value_on_a_tree_node_is_a_clear_error():
             return self.root.state
 
     model = Recursive()
-    with pytest.raises(FrontendError, match=r"stores a traced value in Recursive\.root(\.children\[\d\])*\.state"):
+    with pytest.raises(FrontendError, match=r"stores a traced value in Recursive\.root(\.children\[\d\])*\.state "
+                                            r"\(the value computed at .*test_frontend.py:\d+ in visit: node.state ="):
         dynamo_relational.compile(model, torch.randn(4, 2), inductor=False)
     nodes = [model.root]
     while nodes:
