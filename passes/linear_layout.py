@@ -21,8 +21,9 @@ measurements are in the report (``stats["linear_layout"]``, printed by
 
 Legal always: the values are the same up to floating-point summation order;
 only the memory layout differs, and a consumer that needs rows in place gets
-a contiguous copy. Runs with ``options.autotune`` on CPU graphs; elsewhere
-(CUDA's BLAS handles both layouts alike) it leaves the graph alone.
+a contiguous copy. Runs with ``options.autotune`` on CPU graphs where grouping
+vectorized something; elsewhere (CUDA's BLAS handles both layouts alike; a
+graph as the user wrote it) it leaves the graph alone.
 """
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ _MEASURED: dict[tuple, tuple[float, float]] = {}
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    if not ctx.options.autotune:
+    # a graph where nothing was vectorized is the model's own: its linears stay as written, and its compiled
+    # graph does not depend on timings
+    if not ctx.options.autotune or not ctx.stats.get("vectorized_groups"):
         return gm
     choices = []
     for node in list(gm.graph.nodes):

@@ -102,6 +102,14 @@ def test_small_products_are_not_timed(forced):
     assert _choices(report) == []
 
 
+def test_the_linears_of_a_graph_with_nothing_grouped_are_not_timed(forced):
+    """An ordinary layer: its graph stays as the user wrote it, the same on every compile."""
+    forced(plain=1.0, transposed=0.5)
+    model = nn.Sequential(nn.Linear(16, 16), nn.Tanh())
+    report = assert_compiled_matches_eager(model, torch.randn(96, 16), inductor=False)
+    assert _choices(report) == [] and report.graphs[0].vectorized_groups == 0
+
+
 def test_real_timing_decides_and_matches_eager(monkeypatch):
     monkeypatch.setattr(linear_layout, "_MEASURED", {})
     report = assert_compiled_matches_eager(RowsThenSum(96), torch.randn(96, 16), inductor=False)
