@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
                   relational_forward_ms=torch_forward * 1e3, threads=torch.get_num_threads())
     print(f"Mutagenesis {args.template}, {len(samples)} molecules, compression {args.compression}: "
           f"{counts['neurons']} neurons, {counts['edges']} edges, {torch.get_num_threads()} torch threads")
-    print(f"  bridge: read {read_seconds:.1f} s; {args.frontend} front-end: compile + first epoch {compile_seconds:.1f} s")
+    print(f"  bridge: read {read_seconds:.1f} s; {args.frontend} front-end: "
+          f"compile + first epoch {compile_seconds:.1f} s")
     print(f"  median over {args.epochs}    epoch (ms)   forward (ms)")
     print(f"  Java engine        {java_epoch * 1e3:10.2f}   {java_forward * 1e3:10.2f}")
     print(f"  relational         {torch_epoch * 1e3:10.2f}   {torch_forward * 1e3:10.2f}")

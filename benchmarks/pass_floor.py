@@ -17,8 +17,9 @@ Whatever the passes do beyond this (describing each op for the catalog,
 choosing between schedules, emitting the grouped graph with its gathers)
 costs more. So ``1 / floor`` estimates the most FX nodes per second that a
 pipeline written in Python over ``torch.fx`` nodes can reach on this
-machine (a cleverer loop may shave some of it; the checks add to it). It returns the graph unchanged; its time lands in the report's
-timings under ``"read_floor"`` and its counts in ``ctx.stats["floor"]``.
+machine (a cleverer loop may shave some of it; the checks add to it). It
+returns the graph unchanged; its time lands in the report's timings under
+``"read_floor"`` and its counts in ``ctx.stats["floor"]``.
 """
 from __future__ import annotations
 

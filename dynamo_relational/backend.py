@@ -281,7 +281,8 @@ def _with_static_inputs_known(compile_fn: Callable) -> Callable:
         compile_id = torch._guards.CompileContext.current_compile_id()
         if compile_id is not None:
             gm.meta["dynamo_compile_id"] = compile_id
-            names = [*dict(gm.named_parameters(remove_duplicate=False)), *dict(gm.named_buffers(remove_duplicate=False))]
+            names = [*dict(gm.named_parameters(remove_duplicate=False)),
+                     *dict(gm.named_buffers(remove_duplicate=False))]
             gm._param_name_to_source = {name: ConstantSource(f"relational_graph.{name}") for name in names}
             for node in gm.graph.find_nodes(op="placeholder"):
                 node._dynamo_source = None

@@ -283,7 +283,8 @@ class BatchedModule(nn.Module):
         results = []
         for b, k in enumerate(keys):
             graph = self._structures[k].graph
-            leaves = [part[b] if layout == "cat" else part[b][0] for part, layout in zip(per_output, union.layout.outputs)]
+            leaves = [part[b] if layout == "cat" else part[b][0]
+                      for part, layout in zip(per_output, union.layout.outputs)]
             for position, value in graph.constants.items():
                 leaves.insert(position, value)
             results.append(pytree.tree_unflatten(leaves, graph.out_spec))

@@ -480,7 +480,8 @@ class _Tracer(fx.Tracer):
         except Exception as e:   # raised by user code (or code it calls) handed a proxy for a tensor
             if "Variable data has to be a tensor" in str(e):   # torch.autograd.Variable(t), which takes tensors only
                 advice = ("torch.autograd.Variable(t) gives t back (detached) since PyTorch 0.4 and cannot take a "
-                          "traced value: use t (or t.detach()) itself, or torch.compile(model, backend=\"relational\").")
+                          "traced value: use t (or t.detach()) itself, or torch.compile(model, "
+                          "backend=\"relational\").")
             else:
                 advice = ("dynamo_relational.compile runs forward on torch.fx proxies: code that needs real tensors "
                           "(torch.func transforms, for one) cannot be traced; use torch.compile(model, "

@@ -412,7 +412,8 @@ class _Analysis:
         index_inputs, size_inputs = [], []
         for name, inputs, count in (("index", index_inputs, len(self.indices)), ("size", size_inputs, len(self.sizes))):
             for i in range(count):
-                with graph.inserting_after(last) if last is not None else graph.inserting_before(next(iter(graph.nodes))):
+                first = next(iter(graph.nodes))
+                with graph.inserting_after(last) if last is not None else graph.inserting_before(first):
                     last = graph.placeholder(f"{name}{i}")
                 inputs.append(last)
         for (gather, csr, index), new in zip(self.indices, index_inputs):

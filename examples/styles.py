@@ -94,7 +94,8 @@ class LinearPerType(nn.Module):
             self.in_edges[v].append((u, e % types))
 
     def forward(self, x):
-        return torch.stack([torch.tanh(sum((self.lins[t](x[u]) for u, t in edges), torch.zeros(6, dtype=x.dtype, device=x.device)))
+        return torch.stack([torch.tanh(sum((self.lins[t](x[u]) for u, t in edges),
+                                           torch.zeros(6, dtype=x.dtype, device=x.device)))
                             for edges in self.in_edges])
 
 

@@ -52,8 +52,8 @@ def test_explain_prints_both_estimates_of_the_choice():
     batch = graph_batch("mutagenesis", graphs=2)
     text = str(dynamo_relational.explain(STYLES["accumulator"](batch), batch.x, inductor=False))
     # (traced by Dynamo, the zero accumulator stays a term of every sum, so absorbing may not pay here)
-    found = re.search(r"absorb_gathers \S+ +(absorbed|kept) \(estimated unfused ([\d.e+-]+) us, absorbed ([\d.e+-]+) us\)",
-                      text)
+    found = re.search(r"absorb_gathers \S+ +(absorbed|kept) "
+                      r"\(estimated unfused ([\d.e+-]+) us, absorbed ([\d.e+-]+) us\)", text)
     assert found, text
     choice, unfused, absorbed = found.group(1), float(found.group(2)), float(found.group(3))
     assert (choice == "absorbed") == (absorbed < unfused) or unfused == absorbed

@@ -125,7 +125,8 @@ class InPlace(nn.Module):
 
 
 def test_in_place_accumulation_is_grouped():
-    report = assert_compiled_matches_eager(InPlace(True).double(), torch.randn(4, 3, dtype=torch.float64), inductor=False)
+    report = assert_compiled_matches_eager(InPlace(True).double(), torch.randn(4, 3, dtype=torch.float64),
+                                           inductor=False)
     assert report.nodes_after < report.nodes_before
 
 

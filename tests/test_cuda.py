@@ -59,7 +59,8 @@ def check_csr_reduce(device: str, dtypes=(torch.float32, torch.float64)) -> None
                     torch.testing.assert_close(
                         got.cpu().double(), want, equal_nan=True,
                         **TOLERANCE.get(dtype, dict(rtol=1e-2, atol=1e-2)),
-                        msg=lambda m: f"{reduce} {dtype} {features} {counts[:4]} index={with_index} longest={longest}: {m}")
+                        msg=lambda m: f"{reduce} {dtype} {features} {counts[:4]} index={with_index} "
+                                      f"longest={longest}: {m}")
 
 
 @pytest.mark.skipif(not triton_csr.AVAILABLE, reason="needs Triton")

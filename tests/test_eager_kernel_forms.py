@@ -66,7 +66,8 @@ def test_eager_forms_use_the_autograd_function_only_when_a_gradient_is_recorded(
     csr = pack_csr(torch.arange(6), torch.tensor([3, 0, 3, 5, 1]), 6) if form == "gather_rows" else _csr(7, 6)
     eager = {"gather_reduce": lambda s: gather_reduce_eager(s, csr, 7, "mean"),
              "gather_rows": lambda s: gather_rows_eager(s, csr)}[form]
-    op = {"gather_reduce": lambda s: gather_reduce(s, csr, 7, "mean"), "gather_rows": lambda s: gather_rows(s, csr)}[form]
+    op = {"gather_reduce": lambda s: gather_reduce(s, csr, 7, "mean"),
+          "gather_rows": lambda s: gather_rows(s, csr)}[form]
     source = torch.randn(6, 3, dtype=torch.float64, requires_grad=True)
     with torch.no_grad():
         inference = eager(source)

@@ -101,7 +101,8 @@ def test_mean_adjoint_multiplies_by_the_transposed_mean_matrix():
     torch.testing.assert_close(gather_reduce(rows, csr, 5, "mean_adjoint", True), _mean_of(counts).t() @ rows)
     # transposed: the segments are A's columns
     torch.testing.assert_close(gather_reduce(rows, csr, 5, "mean", True), _mean_of(counts.t()) @ rows)
-    torch.testing.assert_close(gather_reduce(columns, csr, len(COUNTS), "mean_adjoint"), _mean_of(counts.t()).t() @ columns)
+    torch.testing.assert_close(gather_reduce(columns, csr, len(COUNTS), "mean_adjoint"),
+                               _mean_of(counts.t()).t() @ columns)
 
 
 @pytest.mark.parametrize("transpose", [False, True])

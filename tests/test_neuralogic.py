@@ -20,7 +20,8 @@ from tests.conftest import assert_compiled_matches_eager
 
 if shutil.which("java") is None:
     pytest.skip("the NeuraLogic bridge needs Java (no `java` on PATH)", allow_module_level=True)
-pytest.importorskip("neuralogic", reason="the optional `neuralogic` package is not installed (pip install -e .[neuralogic])")
+pytest.importorskip("neuralogic",
+                    reason="the optional `neuralogic` package is not installed (pip install -e .[neuralogic])")
 
 from dynamo_relational.neuralogic import TRANSFORMATIONS, UnsupportedNeuronError, to_module  # noqa: E402
 

@@ -86,7 +86,9 @@ def postgres_server():
         prefix = [runuser, "-u", "postgres", "--"]
         shutil.chown(root, "postgres")
     data, log = os.path.join(root, "data"), os.path.join(root, "log")
-    run = lambda *cmd: subprocess.run([*prefix, *cmd], check=True, capture_output=True, text=True)
+
+    def run(*cmd):
+        return subprocess.run([*prefix, *cmd], check=True, capture_output=True, text=True)
     try:
         run(str(bindir / "initdb"), "-D", data, "-U", "dr", "--auth=trust", "--no-sync", "-E", "UTF8",
             "--locale=C")

@@ -159,7 +159,7 @@ class Slice(OpFamily):
         """``h[[0, 2]]`` or ``h[idx]``: one list of ints, or one index tensor, for every member."""
         if isinstance(index, fx.Node):
             idx = tensor_info(index)
-            if idx is None or not (idx.dtype in (torch.long, torch.int, torch.bool)):
+            if idx is None or idx.dtype not in (torch.long, torch.int, torch.bool):
                 return f"index {index.name} is not an integer or boolean tensor of static shape"
             return NeuronOp(node, self, (self.name, "tensor", idx, info), (source, index), info, (), (index,))
         if not all(type(i) is int for i in index):

@@ -123,7 +123,8 @@ def ground(db: Database, *, chunk_size: int = DEFAULT_CHUNK_SIZE, progress: bool
             dst.append(d)
             types.append(type_index[t])
 
-    as_tensor = lambda a: torch.frombuffer(a, dtype=torch.int64) if len(a) else torch.zeros(0, dtype=torch.int64)
+    def as_tensor(a):
+        return torch.frombuffer(a, dtype=torch.int64) if len(a) else torch.zeros(0, dtype=torch.int64)
     counts = as_tensor(atoms_per_molecule)
     return MoleculeGraphs(
         molecule_ids=molecule_ids, labels=torch.tensor(labels, dtype=torch.float32),
