@@ -46,6 +46,23 @@ class Lifted:
     #: the ``recompute`` tags of its nodes (``passes/recompute_gathers.py``) as (target, k) for
     #: the k-th call of that target: Dynamo's trace of ``graph`` drops node meta, :func:`retag` puts them back
     recompute: tuple[tuple[Any, int, Any], ...] = ()
+    #: per value: whether it is a constant the passes made (an index tensor), equal by value from one grounding
+    #: to another; the model's parameters and buffers are the same only as the same objects
+    made: tuple[bool, ...] = ()
+
+    def same_grounding(self, values: Sequence[Any]) -> bool:
+        """Whether ``values`` (another grounding's) are these: the same sizes, index tensors of equal values,
+        and the same parameter and buffer objects. Code compiled for one then serves the other."""
+        if len(values) != len(self.values):
+            return False
+        for made, mine, other in zip(self.made, self.values, values):
+            if not isinstance(mine, torch.Tensor):
+                if mine != other:
+                    return False
+            elif mine is not other and not (made and mine.shape == other.shape and mine.dtype == other.dtype
+                                            and mine.device == other.device and torch.equal(mine, other)):
+                return False
+        return True
 
 
 def _is_size(value: Any) -> bool:
@@ -66,10 +83,12 @@ def lift(gm: fx.GraphModule) -> Lifted | None:
         return None
     attrs: dict[str, int] = {}
     values: list[Any] = []
+    made: list[bool] = []
 
     def collect(arg: Any) -> Any:
         if _is_size(arg):
             values.append(arg)
+            made.append(False)
         return arg
 
     for node in gm.graph.nodes:   # first pass: what becomes an input, in order
@@ -79,6 +98,7 @@ def lift(gm: fx.GraphModule) -> Lifted | None:
                 return None
             attrs[node.target] = len(values)
             values.append(value)
+            made.append(node.target.startswith("_relational_"))
         elif _takes_sizes(node):
             fx.node.map_aggregate((node.args, node.kwargs), collect)
 
@@ -110,7 +130,7 @@ def lift(gm: fx.GraphModule) -> Lifted | None:
     recompute = tuple((target, k, node.meta["recompute"]) for target, k, node in _calls(gm.graph)
                       if "recompute" in node.meta)
     key = graph.python_code("self").src + "".join(f"\n# recompute {target} #{k}" for target, k, _ in recompute)
-    return Lifted(lifted, values, key, recompute)
+    return Lifted(lifted, values, key, recompute, tuple(made))
 
 
 def _calls(graph: fx.Graph):
@@ -151,6 +171,9 @@ class Schema:
     executor: str = "inductor"
     #: how often the schema was looked up (one per grounding and autograd mode)
     uses: int = 0
+    #: the first grounding, its inputs' :func:`_specs` and its static code, which serves a later identical
+    #: grounding (the model compiled again) without compiling code for dynamic sizes
+    first: tuple[Lifted, tuple, Callable] | None = None
 
 
 class SchemaCache:
@@ -209,6 +232,13 @@ def _inductor_with_tags(recompute: Sequence[tuple[Any, int, Any]], mode: str | N
     return backend
 
 
+def _specs(inputs: Sequence[Any]) -> tuple:
+    """What static code is specialized to in its inputs: shapes, strides, dtypes, devices, and which need
+    gradients (AOT autograd computes gradients for those alone)."""
+    return tuple((tuple(x.shape), x.stride(), x.dtype, x.device, x.requires_grad) if isinstance(x, torch.Tensor)
+                 else x for x in inputs)
+
+
 def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options: Options, report: GraphReport,
                     grad: bool) -> tuple[Callable, bool]:
     """A callable running grouped graph ``gm`` on ``inputs``-like arguments, compiled for the autograd
@@ -226,9 +256,16 @@ def compile_grouped(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], options:
     key = (lifted.key, grad, options.mode)   # the executor is autotuned per autograd need
     schema = SCHEMAS.get(key)
     if schema is None:
-        SCHEMAS.put(key, Schema())
+        schema = SCHEMAS.put(key, Schema())
         report.stats["schema_uses"] = 1
-        return compile_static(gm, inputs, options, report, grad), False
+        fn = compile_static(gm, inputs, options, report, grad)
+        schema.first = lifted, _specs(inputs), fn
+        return fn, False
+    if (schema.first is not None and schema.first[1] == _specs(inputs)
+            and schema.first[0].same_grounding(lifted.values)):
+        report.stats["schema_uses"] = schema.uses
+        report.stats["reused"] = "the code compiled for an identical grounding"
+        return schema.first[2], False
     if schema.fn is None:
         args = (*inputs, *lifted.values)
         start = time.perf_counter()

@@ -45,6 +45,20 @@ def test_groundings_with_the_same_schema_share_code_from_the_second_on():
     assert reports[2].stats["executor"] == reports[1].stats["executor"]
 
 
+def test_a_model_compiled_again_reuses_its_static_code():
+    """The same model and grounding compiled a second time in the process: the first code serves it (no code for
+    dynamic sizes). Another model of the same schema and sizes, whose parameters are other objects, does not."""
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=3, dtype=torch.float64)
+    model = ScalarGCN(batch, 7).double()
+    first, again = (assert_fast_compile_matches_eager(model, batch.x).report.graphs[0] for _ in range(2))
+    assert "inductor" in first.timings and "inductor" not in again.timings and "reused" in again.stats
+    twin = ScalarGCN(batch, 7).double()
+    twin.load_state_dict(model.state_dict())
+    other = assert_fast_compile_matches_eager(twin, batch.x).report.graphs[0]
+    assert "reused" not in other.stats and "inductor" in other.timings
+
+
 class SquaredMessages(nn.Module):
     """``h_v = 2 x_v + sum over in-neighbours u of (W x_u) ** 2``: an int operand of an elementwise op."""
 
