@@ -1101,24 +1101,19 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
                     "dynamo_relational.compile would keep one such tensor for every call. Make it in forward with a "
                     "factory (x.new_zeros(...), torch.zeros(...)), register it as a buffer, or use "
                     "torch.compile(model, backend=\"relational\").")
-    stored = attributes.stored_proxy()
-    if stored is not None:
-        attributes.restore()
-        raise FrontendError(
-            f"{type(model).__name__}.forward stores a traced value in {stored[0]} (the value computed at "
-            f"{_computed_at(stored[1])}): dynamo_relational.compile records tensor ops, not values kept in the "
-            "model's lists and dicts (this one would be stored once, while tracing, and not as a tensor). Collect "
-            "such values in a local list or dict and return them, or use torch.compile(model, "
-            "backend=\"relational\").")
-    stored = objects.stored_proxy()
-    if stored is not None:
-        objects.restore()
-        raise FrontendError(
-            f"{type(model).__name__}.forward stores a traced value in {stored[0]} (the value computed at "
-            f"{_computed_at(stored[1])}): dynamo_relational.compile records tensor ops, and would leave that "
-            "attribute holding a value of the trace, not of any call. Keep such state in local variables (a dict "
-            "from node to state) or return it, or use torch.compile(model, backend=\"relational\"), which "
-            "replays attribute writes.")
+    for holder, why in (
+            (attributes, "not values kept in the model's lists and dicts (this one would be stored once, while "
+                         "tracing, and not as a tensor). Collect such values in a local list or dict and return them, "
+                         "or use torch.compile(model, backend=\"relational\")."),
+            (objects, "and would leave that attribute holding a value of the trace, not of any call. Keep such state "
+                      "in local variables (a dict from node to state) or return it, or use torch.compile(model, "
+                      "backend=\"relational\"), which replays attribute writes.")):
+        stored = holder.stored_proxy()
+        if stored is not None:
+            holder.restore()
+            raise FrontendError(
+                f"{type(model).__name__}.forward stores a traced value in {stored[0]} (the value computed at "
+                f"{_computed_at(stored[1])}): dynamo_relational.compile records tensor ops, {why}")
     changed = attributes.changed(scalars=False)
     if changed is not None:
         attributes.restore()

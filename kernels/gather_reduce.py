@@ -178,7 +178,7 @@ def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, 
     The entry holds views of ``csr``, so its address cannot be reused while cached.
     """
     key = _matrix_key(csr, rows, columns, transpose, reduce, dtype, device)
-    prepared = _PREPARED.get(key)
+    prepared = _PREPARED.get(key) if _PREPARED else None   # (empty unless CUDA graphs are compiled)
     if prepared is not None:
         return prepared
     cached = _MATRICES.get(key)
@@ -195,7 +195,7 @@ def _matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, 
 
 def _matrix_key(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, device) -> tuple:
     triton = _multiplies_with_triton(device, dtype)
-    return (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, torch.device(device), triton)
+    return (csr.data_ptr(), csr.shape[0], rows, columns, transpose, reduce, dtype, device, triton)
 
 
 def _build_matrix(csr: Tensor, rows: int, columns: int, transpose: bool, reduce: str, dtype, triton: bool):

@@ -75,7 +75,10 @@ _VIEW_FUNCTIONS = {torch.t, torch.transpose, torch.permute}
 
 _FACTORIES = {torch.zeros, torch.ones, torch.full, torch.zeros_like, torch.ones_like, torch.full_like,
               torch.tensor, torch.arange, torch.eye}
-_LEGACY_CONSTRUCTORS = (torch.LongTensor, torch.IntTensor, torch.FloatTensor, torch.DoubleTensor)
+#: legacy constructors: ``torch.Tensor([1, 2])`` copies its data (a factory), ``torch.Tensor(n, d)`` is
+#: uninitialized memory of that size (``passes/row_writes.py``)
+LEGACY_CONSTRUCTORS = (torch.Tensor, torch.FloatTensor, torch.DoubleTensor, torch.HalfTensor, torch.BFloat16Tensor,
+                       torch.LongTensor, torch.IntTensor)
 #: their method forms (``x.new_zeros(8)``): the receiver gives only dtype and device, never values
 _FACTORY_METHODS = {"new_zeros", "new_ones", "new_full", "new_tensor"}
 
@@ -87,7 +90,7 @@ def is_factory(node: fx.Node) -> bool:
         return node.target in _FACTORY_METHODS
     if node.op != "call_function":
         return False
-    if node.target in _LEGACY_CONSTRUCTORS:   # torch.LongTensor([3]) copies its data; LongTensor(3) is uninitialized
+    if node.target in LEGACY_CONSTRUCTORS:   # torch.LongTensor([3]) copies its data; LongTensor(3) is uninitialized
         return len(node.args) == 1 and isinstance(node.args[0], (list, tuple)) and not node.kwargs
     try:
         return node.target in _FACTORIES

@@ -30,13 +30,11 @@ import torch.fx as fx
 from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
+from .cse import LEGACY_CONSTRUCTORS
 from .inplace import is_in_place, is_zeros
 from .mode_regions import is_mode_switch
 
 _EMPTY_FUNCTIONS = (torch.empty, torch.empty_like)
-#: legacy constructors: ``torch.Tensor(n, d)`` is uninitialized memory of that size (``torch.Tensor([1, 2])`` data)
-_LEGACY_CONSTRUCTORS = (torch.Tensor, torch.FloatTensor, torch.DoubleTensor, torch.HalfTensor, torch.BFloat16Tensor,
-                        torch.LongTensor, torch.IntTensor)
 
 
 def _new_tensor(node: fx.Node) -> str | None:
@@ -48,7 +46,7 @@ def _new_tensor(node: fx.Node) -> str | None:
     if (node.op == "call_function" and node.target in _EMPTY_FUNCTIONS) or \
             (node.op == "call_method" and node.target == "new_empty"):
         return "empty"
-    if (node.op == "call_function" and node.target in _LEGACY_CONSTRUCTORS and node.args and not node.kwargs
+    if (node.op == "call_function" and node.target in LEGACY_CONSTRUCTORS and node.args and not node.kwargs
             and all(type(a) is int for a in node.args)):
         return "empty"
     return None

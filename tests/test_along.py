@@ -12,6 +12,11 @@ from tests.test_frontend import assert_fast_compile_matches_eager, report_matchi
 NEIGHBORS = [[1, 2], [0], [0, 1, 3], [2], [5], [4, 0], [7, 8, 9], [6], [1], [2, 3]]
 
 
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    """Each neuron's feature row and its 2 x 3 plane, float64."""
+    return torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
+
+
 class Attention(nn.Module):
     """GAT-style attention per neuron, then per-neuron normalisations along one or all dimensions."""
 
@@ -42,7 +47,7 @@ class Attention(nn.Module):
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_ops_along_dimensions_group_and_match_eager(front_end):
     torch.manual_seed(0)
-    inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
+    inputs = _inputs()
     report = report_matching_eager(front_end, Attention(), *inputs, inductor=False)
     assert not report.ungrouped, report.ungrouped   # (F.normalize's out=None was taken for an in-place op)
     assert report.nodes_after < report.nodes_before / 5
@@ -66,7 +71,7 @@ class ImplicitDims(nn.Module):
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_softmax_without_dim_takes_torchs_implicit_dim_and_groups(front_end):
     torch.manual_seed(0)
-    inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
+    inputs = _inputs()
     report = report_matching_eager(front_end, ImplicitDims(), *inputs, inductor=False)
     assert not report.ungrouped, report.ungrouped
     assert report.nodes_after < report.nodes_before / 5
@@ -93,7 +98,7 @@ class Statistics(nn.Module):
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_std_and_var_of_stacked_messages_group_and_match_eager(front_end):
     torch.manual_seed(0)
-    inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
+    inputs = _inputs()
     report = report_matching_eager(front_end, Statistics(), *inputs, inductor=False)
     assert not report.ungrouped, report.ungrouped
     assert report.nodes_after < report.nodes_before / 3   # (three stack shapes: one group of each op per shape)
@@ -130,7 +135,7 @@ class Normalized(nn.Module):
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_layer_norms_of_neurons_group_and_match_eager(front_end):
     torch.manual_seed(0)
-    inputs = torch.randn(len(NEIGHBORS), 4, dtype=torch.float64), torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64)
+    inputs = _inputs()
     report = report_matching_eager(front_end, Normalized(), *inputs, inductor=False)
     assert not any("norm" in reason for reason in report.ungrouped), report.ungrouped
 
