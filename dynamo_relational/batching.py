@@ -9,8 +9,9 @@ and rewritten on its own (:data:`dynamo_relational.union.SAMPLE_PASSES`). The
 structures seen are grouped together as one union
 (:mod:`dynamo_relational.union`), and every batch whose structures that union
 holds runs the union's grouped graph restricted to the batch's samples
-(:mod:`dynamo_relational.row_plan`): a few vectorized index operations per
-index tensor, no tracing, no passes, no compiling.
+(:mod:`dynamo_relational.row_plan`), its index tensors computed for the batch
+together (:mod:`dynamo_relational.assembly`): no tracing, no passes, no
+compiling.
 
 When a batch brings structures that no union holds, they are traced, and the
 batch runs a union of its own structures (grouped once for it). When a batch

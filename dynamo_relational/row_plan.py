@@ -20,9 +20,10 @@ Restricting every rows value to the rows of some samples then computes
 exactly those samples. :class:`RowPlan` holds the union's graph with its index
 tensors and the sizes that count rows turned into inputs (its code is the
 same for every batch), and :meth:`RowPlan.arguments` computes those inputs
-for a batch (a list of union samples; one may repeat) with a few vectorized
-numpy operations per index tensor: each gather keeps the rows of the batch's
-samples in batch order, its index renumbered into its source's kept rows.
+for a batch (a list of union samples; one may repeat): each gather keeps the
+rows of the batch's samples in batch order, its index renumbered into its
+source's kept rows (:mod:`dynamo_relational.assembly` does that for all index
+tensors at once).
 """
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ import numpy
 import torch
 import torch.fx as fx
 
-from dynamo_relational.kernels.gather_reduce import pack_csr, unpack_csr
+from dynamo_relational.kernels.gather_reduce import unpack_csr
 from dynamo_relational.passes.vectorize import ROW_SAMPLES
 
+from .assembly import Assembly
 from .ops import tensor_info
 from .ops.base import value_info
 from .ops.elementwise import ELEMENTWISE
@@ -64,8 +66,9 @@ class Rows:
     ``owner[i]`` is the sample of row ``i``. Restricted to a batch, the rows
     come in batch order, each sample's in union order (:meth:`listing`);
     a :class:`CatRows` keeps its parts' orders one after the other. Row ``i``
-    of sample position ``b`` is then row ``bases(batch)[leaf_of[i], b] + rank[i]``.
-    (The arithmetic runs in numpy: a few microseconds less per operation than torch, on small arrays.)"""
+    of sample position ``b`` is then where part ``leaf_of[i]``'s rows of ``b``
+    start, plus ``rank[i]``. (The arithmetic runs in numpy: a few microseconds
+    less per operation than torch, on small arrays.)"""
 
     def __init__(self, owner: numpy.ndarray, samples: int):
         self.owner = owner
@@ -83,20 +86,13 @@ class Rows:
     def same_as(self, other: "Rows") -> bool:
         return other is self or (type(other) is Rows and numpy.array_equal(other.owner, self.owner))
 
+    def parts(self) -> list[tuple["Rows | None", int]]:
+        """(rows of samples, or None for ``n`` rows of a shared value, ``n``) of each part, in order."""
+        return [(self, 0)]
+
     def kept(self, batch: "Batch") -> numpy.ndarray:
         """[part, batch position] -> rows kept."""
         return batch.memo(self, "kept", lambda: self.counts_by_leaf[:, batch.samples])
-
-    def size(self, batch: "Batch") -> int:
-        return batch.memo(self, "size", lambda: int(self.kept(batch).sum()))
-
-    def bases(self, batch: "Batch") -> numpy.ndarray:
-        """[part, batch position] -> the restricted row where those rows start."""
-        def compute():
-            kept = self.kept(batch)
-            per_part = kept.sum(1)
-            return (numpy.cumsum(per_part) - per_part)[:, None] + numpy.cumsum(kept, 1) - kept
-        return batch.memo(self, "bases", compute)
 
     def listing(self, batch: "Batch") -> tuple[numpy.ndarray, numpy.ndarray]:
         """(union row, batch position) of each restricted row, in order."""
@@ -124,8 +120,8 @@ class SharedRows(Rows):
     def same_as(self, other: Rows) -> bool:
         return other is self
 
-    def size(self, batch: "Batch") -> int:
-        return self.rows
+    def parts(self) -> list[tuple[Rows | None, int]]:
+        return [(None, self.rows)]
 
     def listing(self, batch: "Batch"):
         raise Refused("rows of a shared value among a sample's results")
@@ -148,15 +144,8 @@ class CatRows(Rows):
         #: the shared parts' rows, kept whole by every batch (0 for parts of samples' rows)
         self.shared = numpy.array([p.rows if type(p) is SharedRows else 0 for p in leaves])
 
-    def bases(self, batch: "Batch") -> numpy.ndarray:
-        def compute():
-            kept = self.kept(batch)
-            per_part = kept.sum(1) + self.shared
-            return (numpy.cumsum(per_part) - per_part)[:, None] + numpy.cumsum(kept, 1) - kept
-        return batch.memo(self, "bases", compute)
-
-    def size(self, batch: "Batch") -> int:
-        return batch.memo(self, "size", lambda: int(self.kept(batch).sum()) + int(self.shared.sum()))
+    def parts(self) -> list[tuple[Rows | None, int]]:
+        return [part for leaf in self.leaves for part in leaf.parts()]
 
     def same_as(self, other: Rows) -> bool:
         return other is self or (type(other) is CatRows and len(other.leaves) == len(self.leaves)
@@ -187,7 +176,7 @@ class Batch:
 
 
 class _Index:
-    """One index tensor of the union and how a batch restricts it (:meth:`value`).
+    """One index tensor of the union, as :class:`~dynamo_relational.assembly.Assembly` restricts it.
 
     ``kind`` is ``"select"`` (one source row per row: ``index_select``), ``"reduce"`` (segments of source rows:
     ``gather_reduce``'s packed CSR) or ``"segments"`` (``segment_reduce``'s offsets over consecutive rows).
@@ -202,28 +191,6 @@ class _Index:
         if index is not None and source is not None:   # where each read row is among its sample's rows
             self.rank_at, self.leaf_at = source.rank[self.index], source.leaf_of[self.index]
 
-    def value(self, batch: Batch) -> torch.Tensor:
-        """The index tensor restricted to ``batch``, on the union's device (computed in numpy, copied once)."""
-        return self._value(batch).to(self.device, non_blocking=True)
-
-    def _value(self, batch: Batch) -> torch.Tensor:
-        rows, position = self.out.listing(batch)
-        if self.kind == "segments":
-            return torch.from_numpy(numpy.concatenate([[0], numpy.cumsum(self.segment_length[rows])]))
-        if self.kind == "select":
-            if self.source is None:
-                return torch.from_numpy(self.index[rows])
-            return torch.from_numpy(self.source.bases(batch)[self.leaf_at[rows], position] + self.rank_at[rows])
-        lengths = self.segment_length[rows]
-        ends = numpy.cumsum(lengths)
-        total = int(ends[-1]) if ends.shape[0] else 0
-        entry = numpy.repeat(self.segment_start[rows] - (ends - lengths), lengths) + numpy.arange(total)
-        offsets = torch.from_numpy(numpy.concatenate([[0], ends]))
-        if self.source is None:
-            return pack_csr(offsets, torch.from_numpy(self.index[entry]), self.source_rows)
-        index = self.source.bases(batch)[self.leaf_at[entry], numpy.repeat(position, lengths)] + self.rank_at[entry]
-        return pack_csr(offsets, torch.from_numpy(index), self.source.size(batch))
-
 
 @dataclass
 class RowPlan:
@@ -236,9 +203,12 @@ class RowPlan:
     #: the Rows of each output
     outputs: list[Rows]
 
+    def __post_init__(self):
+        self.assembly = Assembly(self.indices, self.sizes, self.samples)
+
     def arguments(self, batch: Batch) -> list[Any]:
         """The index tensors and sizes of ``batch``, in the order of the graph's inputs after the data."""
-        return [i.value(batch) for i in self.indices] + [rows.size(batch) for rows in self.sizes]
+        return self.assembly.arguments(batch.samples)
 
     def split(self, batch: Batch, j: int, value: torch.Tensor) -> list[torch.Tensor]:
         """Output ``j`` of the batch graph cut into the rows of each batch position (each sample's in its

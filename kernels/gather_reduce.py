@@ -64,8 +64,7 @@ def pack_csr(offsets: Tensor, index: Tensor, columns: int) -> Tensor:
 
 
 def _pack_csr_numpy(offsets: numpy.ndarray, index: numpy.ndarray, columns: int) -> numpy.ndarray:
-    """:func:`pack_csr` on the CPU, in numpy: the same buffer, several times faster for the small index arrays
-    of one batch (``dynamo_relational.batch`` packs them on every call)."""
+    """:func:`pack_csr` on the CPU, in numpy: the same buffer, several times faster for small index arrays."""
     row_of = numpy.repeat(numpy.arange(offsets.shape[0] - 1), numpy.diff(offsets))
     order = numpy.argsort(index, kind="stable")
     offsets_t = numpy.zeros(columns + 1, dtype=numpy.int64)
