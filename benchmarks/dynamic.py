@@ -1,7 +1,7 @@
 """Training over shuffled mini-batches of samples with different structures: eager, ``dynamo_relational.batch``
 and, for the TreeLSTM, code batched by hand.
 
-    python -m benchmarks.dynamic [--models treelstm treernn gcn] [--samples 400] [--batch 25] [--epochs 4]
+    python -m benchmarks.dynamic [--models treelstm treernn gcn gin] [--samples 400] [--batch 25] [--epochs 4]
                                  [--threads 1] [--device cpu]
 
 For each model of ``examples/per_sample.py`` (written for one sample), trains
@@ -12,7 +12,10 @@ from the same weights, the systems taking turns epoch by epoch:
 * ``batched``: ``dynamo_relational.batch(model)``;
 * ``by hand`` (TreeLSTM only): :func:`level_batched_tree_lstm`, the same cell
   written for a whole batch, every node of one height at once, as DGL-style
-  hand-batched code does: the bar a compiler that batches for the user should reach.
+  hand-batched code does: the bar a compiler that batches for the user should reach;
+* ``PyG`` (molecule GCN and GIN): :func:`pyg_molecules`, the same model written
+  with PyTorch Geometric, its batches collated from ``Data`` objects as PyG's
+  ``DataLoader`` does.
 
 Prints each epoch's seconds and the ratios to eager, the median of the epochs
 after the second (the steady state: no tracing or grouping), the batched
@@ -24,10 +27,12 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+from typing import Callable
 
 import torch
+from torch import nn
 
-from examples.per_sample import MODELS, TreeLSTM, dataset, train_epoch
+from examples.per_sample import MODELS, MoleculeGCN, TreeLSTM, dataset, train_epoch
 
 
 def level_batched_tree_lstm(model: TreeLSTM, samples: list[tuple]) -> list[torch.Tensor]:
@@ -65,6 +70,32 @@ def level_batched_tree_lstm(model: TreeLSTM, samples: list[tuple]) -> list[torch
     return list(h[roots])
 
 
+def pyg_molecules(model: nn.Module, data: list[tuple]) -> Callable[[list[tuple]], list[torch.Tensor]]:
+    """``model`` (a :class:`MoleculeGCN` or :class:`MoleculeGIN`) written with PyTorch Geometric: each sample
+    of ``data`` stored once as a ``Data`` object, as a PyG data set holds it, and every batch collated by
+    ``Batch.from_data_list`` (what PyG's ``DataLoader`` does) and computed with scatter sums over its edges."""
+    from torch_geometric.data import Batch, Data
+    from torch_geometric.utils import scatter
+
+    graphs = {id(x): Data(x=x, edge_index=torch.tensor([[u, v] for v, nbrs in enumerate(in_nbrs) for u in nbrs],
+                                                         device=x.device).t().contiguous())
+              for in_nbrs, x in data}
+
+    def forward(samples: list[tuple]) -> list[torch.Tensor]:
+        batch = Batch.from_data_list([graphs[id(x)] for _, x in samples])
+        (source, target), h = batch.edge_index, batch.x
+        if isinstance(model, MoleculeGCN):
+            for conv in model.convs:
+                h = torch.relu(scatter(h[source] @ conv.weight.t(), target, 0, h.shape[0], reduce="sum") + conv.bias)
+            pooled = scatter(h, batch.batch, 0, batch.num_graphs, reduce="mean")
+        else:
+            for mlp in model.mlps:
+                h = torch.relu(mlp(scatter(h[source], target, 0, h.shape[0], reduce="sum")))
+            pooled = scatter(h, batch.batch, 0, batch.num_graphs, reduce="sum")
+        return list(torch.sigmoid(model.readout(pooled)))
+    return forward
+
+
 def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cpu") -> dict:
     import dynamo_relational
 
@@ -78,6 +109,9 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     if kind == "treelstm":
         by_hand = copy.deepcopy(eager)
         systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, batch))
+    if kind in ("gcn", "gin"):
+        pyg = copy.deepcopy(eager)
+        systems["PyG"] = (pyg, pyg_molecules(pyg, data))
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, (m, _) in systems.items()}
     rows = []
     for epoch in range(epochs):
@@ -97,7 +131,7 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["treelstm", "treernn", "gcn"])
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["treelstm", "treernn", "gcn", "gin"])
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--batch", type=int, default=25)
     parser.add_argument("--epochs", type=int, default=4)

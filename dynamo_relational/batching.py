@@ -13,11 +13,10 @@ holds runs the union's grouped graph restricted to the batch's samples
 together (:mod:`dynamo_relational.assembly`): no tracing, no passes, no
 compiling.
 
-When a batch brings structures that no union holds, they are traced, and the
-batch runs a union of its own structures (grouped once for it). When a batch
-of known structures spans several unions, the structures are grouped again as
-one union, which then serves every batch: usually once, when the second epoch
-begins.
+A structure seen for the first time is traced, and its sample runs with the
+model itself (eagerly) until the union holds it. When structures come back
+(:data:`REGROUP_SHARE`), every structure seen is grouped as the new union, which
+then serves every batch: usually once, when the second epoch begins.
 
 A sample's structure is everything of its arguments except the values of its
 tensors: the Python objects (compared by value, recursively through lists,
@@ -56,11 +55,12 @@ log = logging.getLogger("dynamo_relational")
 
 __all__ = ["batch", "BatchedModule", "BatchReport", "fingerprint"]
 
-#: a batch whose structures are not all in the main union regroups all structures into a new main union when
-#: the structures outside it number at least this fraction of its own (the batch brings new structures: the
-#: main union doubles, so regrouping costs O(structures) in all), or of this fraction (it brings none: the
-#: second epoch regroups once); else it groups a union of its own structures
-REGROUP_WITH_NEW, REGROUP_KNOWN = 1.0, 0.125
+#: a batch whose structures are not all in the union regroups all structures seen into a new union when at
+#: least half of its samples have structures seen in earlier batches but not in the union (structures come
+#: back: usually when the second epoch begins), and the structures outside the union number at least this
+#: fraction of those in it (so that regrouping costs O(structures) in all); else the samples outside the
+#: union run with the model itself
+REGROUP_SHARE = 0.125
 
 
 def batch(model: nn.Module, *, key: Callable[..., Hashable] | None = None, **options: Any) -> "BatchedModule":
@@ -83,7 +83,9 @@ class BatchReport:
     structures: int = 0
     #: unions grouped (each one pass pipeline over its structures)
     groupings: int = 0
-    #: batches that ran their samples one by one, and why (the last reason)
+    #: samples run with the model itself because the union did not hold their structure yet
+    eager_samples: int = 0
+    #: batches that ran their samples one by one because no union could run them, and why (the last reason)
     unbatched: int = 0
     unbatched_reason: str | None = None
     trace_seconds: float = 0.0
@@ -99,6 +101,7 @@ class BatchReport:
         lines = [
             ("samples", self.samples), ("batches", self.batches), ("structures traced", self.structures),
             ("unions grouped", self.groupings), ("union FX nodes before/after", "%d / %d" % self.union_nodes),
+            ("samples run eagerly (structure new to the union)", self.eager_samples),
             ("batches run one sample at a time", self.unbatched), ("tracing [s]", f"{self.trace_seconds:.2f}"),
             ("grouping [s]", f"{self.grouping_seconds:.2f}"), ("assembly per batch, median [ms]", f"{median:.2f}"),
         ]
@@ -140,6 +143,14 @@ class _Structure:
 
 
 @dataclass
+class _Cache:
+    structures: dict[Hashable, _Structure] = field(default_factory=dict)
+    union: "_Union | None" = None
+    #: why grouping the structures failed, and how many there were (not tried again until more come)
+    refused: tuple[int, str] | None = None
+
+
+@dataclass
 class _Union:
     keys: list[Hashable]
     position: dict[Hashable, int]
@@ -158,10 +169,9 @@ class BatchedModule(nn.Module):
         self.key = key
         self.options = options
         self.report = BatchReport()
-        #: per state of the modules (:meth:`_state`): the structures traced and the unions grouped in it
-        self._caches: dict[tuple, tuple[dict[Hashable, _Structure], list[_Union]]] = {}
-        self._structures: dict[Hashable, _Structure] = {}
-        self._unions: list[_Union] = []   # the first is the main one
+        #: per state of the modules (:meth:`_state`): the structures traced and the union grouped in it
+        self._caches: dict[tuple, _Cache] = {}
+        self._cache = _Cache()
 
     def forward(self, samples: Sequence[Any]) -> list[Any]:
         if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
@@ -172,14 +182,23 @@ class BatchedModule(nn.Module):
         self.report.samples += len(samples)
         if not samples:
             return []
-        self._structures, self._unions = self._caches.setdefault(self._state(), ({}, []))
+        self._cache = self._caches.setdefault(self._state(), _Cache())
         keys, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
         new = self._trace_new(keys, samples, tensors)
-        refused = next((self._structures[k].refused for k in keys if self._structures[k].refused), None)
+        structures = self._cache.structures
+        refused = next((structures[k].refused for k in keys if structures[k].refused), None)
         union = refused or self._union_for(keys, new)
         if isinstance(union, str):
             return self._one_by_one(samples, union)
-        return self._run(union, keys, tensors)
+        held = [i for i, k in enumerate(keys) if union is not None and k in union.position]
+        results: list[Any] = [None] * len(samples)
+        if held:
+            for i, result in zip(held, self._run(union, [keys[i] for i in held], [tensors[i] for i in held])):
+                results[i] = result
+        for i in sorted(set(range(len(samples))) - set(held)):
+            results[i] = self.model(*samples[i])
+        self.report.eager_samples += len(samples) - len(held)
+        return results
 
     # -- structures ---------------------------------------------------------
     def _key(self, sample: tuple, i: int) -> tuple[Hashable, list[torch.Tensor]]:
@@ -202,19 +221,20 @@ class BatchedModule(nn.Module):
             del self._caches[stale]
         return tuple(m.training for m in modules), held
 
-    def _trace_new(self, keys: Sequence[Hashable], samples: list[tuple], tensors: Sequence[list]) -> bool:
-        """Trace the structures not seen before; whether there were any."""
-        new = {k: (s, t) for k, s, t in zip(keys, samples, tensors) if k not in self._structures}
+    def _trace_new(self, keys: Sequence[Hashable], samples: list[tuple], tensors: Sequence[list]) -> set[Hashable]:
+        """Trace the structures not seen before; returns them."""
+        structures = self._cache.structures
+        new = {k: (s, t) for k, s, t in zip(keys, samples, tensors) if k not in structures}
         if not new:
-            return False
+            return set()
         start = time.perf_counter()
         with gc_paused(), CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
             for k, (sample, sample_tensors) in new.items():
-                self._structures[k] = self._traced(sample, sample_tensors)
+                structures[k] = self._traced(sample, sample_tensors)
                 progress.step()
         self.report.structures += len(new)
         self.report.trace_seconds += time.perf_counter() - start
-        return True
+        return set(new)
 
     def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> _Structure:
         call = _SampleCall(self.model, sample)
@@ -227,28 +247,29 @@ class BatchedModule(nn.Module):
             return _Structure(None, str(e))
         return _Structure(graph)
 
-    # -- unions -------------------------------------------------------------
-    def _union_for(self, keys: Sequence[Hashable], new: bool) -> _Union | str:
-        """A union holding every structure of ``keys``, grouped now if none does; else why it cannot be."""
-        wanted = set(keys)
-        for union in self._unions:
-            if wanted.issubset(union.position):
-                return union
-        main = self._unions[0].keys if self._unions else []
-        outside = len(self._structures) - len(main)
-        if outside >= (REGROUP_WITH_NEW if new else REGROUP_KNOWN) * len(main):
-            union = self._group(list(self._structures))
-            if not isinstance(union, str):
-                self._unions[:] = [union]
+    # -- the union ----------------------------------------------------------
+    def _union_for(self, keys: Sequence[Hashable], new: set[Hashable]) -> _Union | str | None:
+        """The union, grouped again over every structure seen when :data:`REGROUP_SHARE`'s rule says so
+        (None: none yet; a string: why the structures cannot be grouped)."""
+        union = self._cache.union
+        held = union.position if union is not None else {}
+        if all(k in held for k in keys):
             return union
-        union = self._group(list(dict.fromkeys(keys)))
-        if not isinstance(union, str):
-            self._unions[1:] = [union] + self._unions[1:7]   # the main one and the latest few
+        structures = self._cache.structures
+        if self._cache.refused is not None and self._cache.refused[0] == len(structures):
+            return self._cache.refused[1]
+        back = sum(1 for k in keys if k not in held and k not in new)
+        if 2 * back >= len(keys) and len(structures) - len(held) >= REGROUP_SHARE * len(held):
+            regrouped = self._group(list(structures))
+            if isinstance(regrouped, str):
+                self._cache.refused = (len(structures), regrouped)
+                return regrouped
+            self._cache.union = union = regrouped
         return union
 
     def _group(self, keys: list[Hashable]) -> _Union | str:
         start = time.perf_counter()
-        graphs = [self._structures[k].graph for k in keys]
+        graphs = [self._cache.structures[k].graph for k in keys]
         try:
             with gc_paused():
                 union, layout = build(graphs, self._params())
@@ -283,7 +304,7 @@ class BatchedModule(nn.Module):
         per_output = [union.plan.split(batch, j, value) for j, value in enumerate(outputs)]
         results = []
         for b, k in enumerate(keys):
-            graph = self._structures[k].graph
+            graph = self._cache.structures[k].graph
             leaves = [part[b] if layout == "cat" else part[b][0]
                       for part, layout in zip(per_output, union.layout.outputs)]
             for position, value in graph.constants.items():

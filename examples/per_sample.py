@@ -1,7 +1,7 @@
 """Models written for one sample, trained over shuffled mini-batches of samples of different structures
 with ``dynamo_relational.batch``.
 
-    python -m examples.per_sample [treelstm|treernn|gcn] [samples] [batch size] [epochs]
+    python -m examples.per_sample [treelstm|treernn|gcn|gin] [samples] [batch size] [epochs]
 
 Each model's ``forward`` takes one sample: a tree (a list of children lists, parents numbered before
 their children) or a molecule (a list of in-neighbour lists), and its node features. The script trains
@@ -66,6 +66,24 @@ class MoleculeGCN(nn.Module):
         return torch.sigmoid(self.readout(torch.stack(h).mean(0)))
 
 
+class MoleculeGIN(nn.Module):
+    """Graph isomorphism layers (``h_v = MLP(sum of h_u over v's in-neighbours, v itself included)``), sum
+    pooling and a sigmoid readout, for one molecule."""
+
+    def __init__(self, features: int, hidden: int = 16, layers: int = 2):
+        super().__init__()
+        dims = [features] + [hidden] * layers
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(i, o), nn.ReLU(), nn.Linear(o, o))
+                                  for i, o in zip(dims, dims[1:]))
+        self.readout = nn.Linear(hidden, 1)
+
+    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
+        h = [x[v] for v in range(len(in_nbrs))]
+        for mlp in self.mlps:
+            h = [torch.relu(mlp(sum(h[u] for u in nbrs))) for nbrs in in_nbrs]
+        return torch.sigmoid(self.readout(torch.stack(h).sum(0)))
+
+
 def random_tree(nodes: int, rng: random.Random) -> list[list[int]]:
     """Children lists of a random tree whose parents are numbered before their children."""
     children: list[list[int]] = [[] for _ in range(nodes)]
@@ -84,7 +102,8 @@ def random_molecule(atoms: int, rng: random.Random) -> list[list[int]]:
     return [sorted(n) for n in nbrs]
 
 
-MODELS = {"treelstm": (TreeLSTM, random_tree), "treernn": (TreeRNN, random_tree), "gcn": (MoleculeGCN, random_molecule)}
+MODELS = {"treelstm": (TreeLSTM, random_tree), "treernn": (TreeRNN, random_tree), "gcn": (MoleculeGCN, random_molecule),
+          "gin": (MoleculeGIN, random_molecule)}
 
 
 def dataset(kind: str, samples: int, features: int = 8, seed: int = 0, dtype=torch.float32) -> list[tuple]:

@@ -10,17 +10,21 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from examples.per_sample import MoleculeGCN, TreeLSTM, TreeRNN, dataset
+from examples.per_sample import MoleculeGCN, MoleculeGIN, TreeLSTM, TreeRNN, dataset
 from tests.conftest import warnings_logged
 
 TOLERANCE = dict(rtol=1e-8, atol=1e-10)
 
 
-def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple]) -> None:
-    """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's."""
+def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], through_union: bool = True) -> None:
+    """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's;
+    with ``through_union``, every sample ran from the grouped union."""
     inputs = [tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in s)
               for s in batch]
+    unbatched = (batched.report.eager_samples, batched.report.unbatched)
     got = batched(inputs)
+    if through_union:
+        assert (batched.report.eager_samples, batched.report.unbatched) == unbatched, batched.report
     want = [model(*s) for s in inputs]
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -33,24 +37,24 @@ def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple]) ->
         torch.testing.assert_close(g, w, **TOLERANCE)
 
 
-@pytest.mark.parametrize("kind, model_class", [("treernn", TreeRNN), ("treelstm", TreeLSTM), ("gcn", MoleculeGCN)])
+@pytest.mark.parametrize("kind, model_class", [("treernn", TreeRNN), ("treelstm", TreeLSTM), ("gcn", MoleculeGCN),
+                                               ("gin", MoleculeGIN)])
 def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind, model_class):
     torch.manual_seed(0)
     data = dataset(kind, 24, features=4, dtype=torch.float64)
     model = model_class(4, hidden=6).double()
     batched = dynamo_relational.batch(model)
-    for epoch in range(2):
+    for epoch in range(3):
         order = list(range(len(data)))
         random.Random(epoch).shuffle(order)
-        for i in range(0, len(order), 6):
-            assert_batches_match_eager(batched, model, [data[j] for j in order[i:i + 6]])
-        if epoch == 0:
-            first_epoch = (batched.report.structures, batched.report.groupings)
+        for i in range(0, len(order), 6):   # the first epoch traces: new structures run eagerly
+            assert_batches_match_eager(batched, model, [data[j] for j in order[i:i + 6]], through_union=epoch > 0)
+        if epoch == 1:
+            second_epoch = (batched.report.structures, batched.report.groupings)
     report = batched.report
     assert report.unbatched == 0, report.unbatched_reason
-    assert (report.structures, report.groupings) == first_epoch   # nothing traced or grouped in epoch 2
-    assert report.structures == len(data)
-    assert len(report.assembly_seconds) == report.batches
+    assert report.structures == len(data) and report.groupings <= 2
+    assert (report.structures, report.groupings) == second_epoch   # nothing traced or grouped in epoch 3
 
 
 def test_a_structure_repeated_in_a_batch_and_batches_of_other_sizes():
@@ -58,7 +62,7 @@ def test_a_structure_repeated_in_a_batch_and_batches_of_other_sizes():
     data = dataset("treernn", 8, features=4, dtype=torch.float64)
     model = TreeRNN(4, hidden=5).double()
     batched = dynamo_relational.batch(model)
-    batched(data)
+    batched(data)   # traces: new structures run eagerly
     same_tree = (data[2][0], torch.randn(len(data[2][0]), 4, dtype=torch.float64))
     for batch in ([data[2], same_tree, data[2]], [data[5]], data[::-1], [data[0]] * 4):
         assert_batches_match_eager(batched, model, batch)
@@ -70,11 +74,13 @@ def test_a_changed_structure_is_traced_again_never_run_stale():
     batched = dynamo_relational.batch(model)
     children = [[1, 2], [], []]
     x = torch.randn(3, 3, dtype=torch.float64)
+    assert_batches_match_eager(batched, model, [(children, x)], through_union=False)
     assert_batches_match_eager(batched, model, [(children, x)])
     children[0].pop()            # the same list object, now another tree
     children[1].append(2)
+    assert_batches_match_eager(batched, model, [(children, x)], through_union=False)
     assert_batches_match_eager(batched, model, [(children, x)])
-    assert batched.report.structures == 2
+    assert batched.report.structures == 2 and batched.report.eager_samples == 2
 
 
 def test_key_names_the_structure():
@@ -94,6 +100,7 @@ def test_key_names_the_structure():
     trees = [Tree([[1], []]), Tree([[1, 2], [], []]), Tree([[1], []])]
     batched = dynamo_relational.batch(model, key=lambda tree, x: tuple(map(tuple, tree.children)))
     batch = [(t, torch.randn(len(t.children), 3, dtype=torch.float64)) for t in trees]
+    batched(batch)
     assert_batches_match_eager(batched, model, batch)
     assert batched.report.structures == 2
 
@@ -119,7 +126,9 @@ def test_structure_in_plain_objects_is_fingerprinted_and_tensors_inside_them_are
     batched = dynamo_relational.batch(model)
     trees = [Node(1, [Node(2), Node(3, [Node(4)])]), Node(5), Node(1, [Node(2), Node(3, [Node(4)])])]
     batch = [(t, torch.rand((), dtype=torch.float64)) for t in trees]
-    assert_batches_match_eager(batched, model, batch)
+    batched(batch)
+    # (rows times a per-sample scalar are not restricted to a batch: the samples run one by one)
+    assert_batches_match_eager(batched, model, batch, through_union=False)
     assert batched.report.structures == 2
     with pytest.raises(FrontendError, match=r"sample 0: a tensor at argument 0\.word"):
         batched([(Node(torch.tensor(1)), torch.ones((), dtype=torch.float64))])
@@ -137,10 +146,14 @@ def test_a_model_that_mixes_samples_rows_runs_one_by_one_with_the_reason_logged(
     model = WholeInput().double()
     batched = dynamo_relational.batch(model)
     batch = [(2, torch.randn(4, 3, dtype=torch.float64)), (3, torch.randn(2, 3, dtype=torch.float64))]
+    batched(batch)
     with warnings_logged() as messages:
-        assert_batches_match_eager(batched, model, batch)
+        assert_batches_match_eager(batched, model, batch, through_union=False)
     assert batched.report.unbatched == 1
     assert any("one by one" in m for m in messages), messages
+    tried = batched.report.grouping_seconds
+    assert_batches_match_eager(batched, model, batch[::-1], through_union=False)
+    assert batched.report.grouping_seconds == tried and batched.report.unbatched == 2   # not grouped again
 
 
 def test_samples_may_return_structured_results_with_constants():
@@ -150,18 +163,19 @@ def test_samples_may_return_structured_results_with_constants():
             self.lin = nn.Linear(3, 3)
 
         def forward(self, nbrs, x):
-            h = torch.stack([torch.relu(sum(self.lin(x[u]) for u in n)) for n in nbrs])
-            return {"nodes": h, "root": h[0], "size": len(nbrs)}
+            hs = [torch.relu(sum(self.lin(x[u]) for u in n)) for n in nbrs]
+            return {"root": hs[0], "about": (len(nbrs), "tree")}
 
     model = Pair().double()
     batched = dynamo_relational.batch(model)
     batch = [([[0, 1], [1]], torch.randn(2, 3, dtype=torch.float64)),
              ([[0], [0, 2], [1, 2]], torch.randn(3, 3, dtype=torch.float64))]
+    batched(batch)
     got = batched(batch)
+    assert batched.report.eager_samples == 2 and batched.report.groupings == 1
     want = [model(*s) for s in batch]
     for g, w in zip(got, want):
-        assert g.keys() == w.keys() and g["size"] == w["size"]
-        torch.testing.assert_close(g["nodes"], w["nodes"], **TOLERANCE)
+        assert g.keys() == w.keys() and g["about"] == w["about"]
         torch.testing.assert_close(g["root"], w["root"], **TOLERANCE)
 
 
@@ -178,6 +192,7 @@ def test_switching_to_eval_traces_again():
     model = Dropping().double().eval()
     batched = dynamo_relational.batch(model)
     batch = [([[1], []], torch.randn(2, 3, dtype=torch.float64))]
+    batched(batch)
     assert_batches_match_eager(batched, model, batch)
     model.train()
     model.eval()
@@ -201,8 +216,25 @@ def test_samples_whose_tensors_differ_in_dtype_keep_their_dtypes():
 
     batched = dynamo_relational.batch(Sums())
     batch = [([[1], []], torch.randn(2, 3)), ([[1], []], torch.randn(2, 3, dtype=torch.float64))]
+    batched(batch)
     got = batched(batch)
     for g, sample in zip(got, batch):
         assert g.dtype == sample[1].dtype
         torch.testing.assert_close(g, Sums()(*sample))
     assert batched.report.unbatched == 1 and "dtypes" in batched.report.unbatched_reason
+
+
+def test_new_structures_run_eagerly_until_they_come_back_then_all_are_grouped_once():
+    torch.manual_seed(2)
+    data = dataset("treernn", 12, features=4, dtype=torch.float64)
+    model = TreeRNN(4, hidden=5).double()
+    batched = dynamo_relational.batch(model)
+    assert_batches_match_eager(batched, model, data[:6], through_union=False)
+    assert_batches_match_eager(batched, model, data[6:], through_union=False)
+    assert batched.report.groupings == 0 and batched.report.eager_samples == 12
+    # known structures come back: all are grouped, and samples of known and new structures share a batch
+    assert_batches_match_eager(batched, model, data[3:9])
+    assert batched.report.groupings == 1
+    new = dataset("treernn", 2, features=4, dtype=torch.float64, seed=5)
+    assert_batches_match_eager(batched, model, data[:4] + new, through_union=False)
+    assert batched.report.eager_samples == 14 and batched.report.groupings == 1

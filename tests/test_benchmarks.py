@@ -232,3 +232,19 @@ def test_level_batched_tree_lstm_equals_the_per_tree_model():
     grads = [torch.autograd.grad(torch.stack(outs).square().sum(), list(model.parameters())) for outs in (got, want)]
     for g, w in zip(*grads):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["gcn", "gin"])
+def test_pyg_molecules_equal_the_per_molecule_model(kind):
+    pytest.importorskip("torch_geometric")
+    from benchmarks.dynamic import pyg_molecules
+    from examples.per_sample import MODELS, dataset
+
+    torch.manual_seed(0)
+    data = dataset(kind, 5, features=4, dtype=torch.float64)
+    model = MODELS[kind][0](4, hidden=5).double()
+    got, want = pyg_molecules(model, data)(data[::-1]), [model(*s) for s in data[::-1]]
+    torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-10, atol=1e-12)
+    grads = [torch.autograd.grad(torch.stack(outs).square().sum(), list(model.parameters())) for outs in (got, want)]
+    for g, w in zip(*grads):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
