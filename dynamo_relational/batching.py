@@ -37,6 +37,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy
@@ -142,6 +143,21 @@ class _Structure:
     refused: str | None = None
 
 
+class _Key:
+    """A sample's structure key with its hash computed once: keys are deep tuples, looked up several times
+    per batch."""
+    __slots__ = ("value", "hash")
+
+    def __init__(self, value: Hashable):
+        self.value, self.hash = value, hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Key and self.hash == other.hash and self.value == other.value)
+
+
 @dataclass
 class _Cache:
     structures: dict[Hashable, _Structure] = field(default_factory=dict)
@@ -172,6 +188,7 @@ class BatchedModule(nn.Module):
         #: per state of the modules (:meth:`_state`): the structures traced and the union grouped in it
         self._caches: dict[tuple, _Cache] = {}
         self._cache = _Cache()
+        self._canonical: dict[_Key, _Key] = {}
 
     def forward(self, samples: Sequence[Any]) -> list[Any]:
         if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
@@ -184,6 +201,7 @@ class BatchedModule(nn.Module):
             return []
         self._cache = self._caches.setdefault(self._state(), _Cache())
         keys, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
+        keys = [self._canonical.setdefault(k, k) for k in keys]   # later lookups find the very key object
         new = self._trace_new(keys, samples, tensors)
         structures = self._cache.structures
         refused = next((structures[k].refused for k in keys if structures[k].refused), None)
@@ -205,9 +223,10 @@ class BatchedModule(nn.Module):
         """The structure of sample ``i`` and its tensors."""
         if self.key is not None:
             tensors = _tensors(sample)
-            return ("key", self.key(*sample), tuple((t.shape, t.dtype, t.device) for t in tensors)), tensors
+            return _Key(("key", self.key(*sample), tuple((t.shape, t.dtype, t.device) for t in tensors))), tensors
         try:
-            return fingerprint(sample)
+            key, tensors = fingerprint(sample)
+            return _Key(key), tensors
         except TypeError as e:
             raise FrontendError(f"sample {i}: {e}; pass key= to dynamo_relational.batch to name its structure") \
                 from None
@@ -338,6 +357,7 @@ def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Te
 
 
 _ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None)))
+_INT, _LIST, _TUPLE = frozenset((int,)), {list}, {tuple}
 
 
 def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
@@ -354,8 +374,11 @@ def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
         if kind in _ATOMS:
             return x if kind is int or kind is str else (kind, x)
         if kind is list or kind is tuple:
-            if all(type(item) is int for item in x):   # neighbour and children lists: the common case
+            types = set(map(type, x))
+            if types <= _INT:   # a neighbour or children list
                 return kind, tuple(x)
+            if (types == _LIST or types == _TUPLE) and set(map(type, chain.from_iterable(x))) <= _INT:
+                return kind, "lists of ints", types.pop(), tuple(map(tuple, x))   # all of them: the common case
             return kind, tuple([walk(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
         if isinstance(x, torch.Tensor):
             if inside_object:

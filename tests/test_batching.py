@@ -238,3 +238,17 @@ def test_new_structures_run_eagerly_until_they_come_back_then_all_are_grouped_on
     new = dataset("treernn", 2, features=4, dtype=torch.float64, seed=5)
     assert_batches_match_eager(batched, model, data[:4] + new, through_union=False)
     assert batched.report.eager_samples == 14 and batched.report.groupings == 1
+
+
+def test_fingerprints_are_equal_exactly_for_equal_structures():
+    from dynamo_relational.batching import fingerprint
+
+    x = torch.zeros(2, 3)
+    structures = [[[1, 2], []], [[1, 2], []], [(1, 2), ()], ([1, 2], []), [[1, 2], [0]], [[1, True], []],
+                  [[1, 2], [[]]], [[], []], [], [[1, 2], ()], [1, 2], [[1], [2]]]
+    keys = [fingerprint((s, x))[0] for s in structures]
+    for i, a in enumerate(structures):
+        for j, b in enumerate(structures):
+            same = type(a) is type(b) and repr(a) == repr(b)
+            assert (keys[i] == keys[j]) == same, (a, b)
+    assert fingerprint(([[1]], torch.zeros(2, 3)))[0] != fingerprint(([[1]], torch.zeros(3, 3)))[0]
