@@ -187,7 +187,8 @@ def test_guard_benchmark_measures_every_call_path():
 
     row = guards.measure(2)
     assert row["neurons"] > 0
-    for key in ("whole_ms", "graph_ms", "unsafe_ms", "filtered_ms", "frontend_ms"):
+    for key in ("whole_ms", "graph_ms", "unsafe_ms", "filtered_ms", "frontend_ms", "filtered_train_ms",
+                "frontend_train_ms"):
         assert row[key] > 0, key
 
 
