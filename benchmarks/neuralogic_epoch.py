@@ -10,12 +10,16 @@ alone too (``model(samples)`` vs the compiled module). Prints medians over ``--e
 compile time, and the neuron counts. ``--frontend fx`` (default) compiles with
 ``dynamo_relational.compile`` (torch.fx tracing, the same passes and Inductor handoff; TorchDynamo
 needs about 1.2 ms per FX node, minutes here), ``--frontend dynamo`` with ``torch.compile``.
+``--batch B`` trains the per-sample networks instead, in shuffled mini-batches of ``B`` samples through
+``dynamo_relational.batch(module)`` (``module(i)`` computes sample ``i``'s network alone), one Adam step
+per batch; its first two epochs (tracing each sample, then grouping them) count as the compile time.
 Needs Java and ``pip install -e .[neuralogic]``.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import time
 
 import torch
@@ -45,6 +49,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--frontend", choices=["fx", "dynamo"], default="fx",
                         help="fx: dynamo_relational.compile (fast tracer); dynamo: torch.compile(backend='relational')")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="train the per-sample networks in shuffled mini-batches of this many samples")
     args = parser.parse_args(argv)
 
     import neuralogic.logging
@@ -72,36 +78,67 @@ def main(argv: list[str] | None = None) -> dict:
     import dynamo_relational
 
     start = time.perf_counter()
-    if args.frontend == "fx":
-        compiled = dynamo_relational.compile(module, ())
-    else:
-        compiled = torch.compile(module, backend="relational")
     optimizer = torch.optim.Adam(module.parameters(), lr=args.lr)
+    if args.batch:
+        epoch, compiled, batched = _mini_batches(module, optimizer, args.batch)
+        epoch()   # traces every sample (they run eagerly)
+    else:
+        if args.frontend == "fx":
+            compiled = dynamo_relational.compile(module, ())
+        else:
+            compiled = torch.compile(module, backend="relational")
 
-    def epoch():
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(compiled(), module.targets)
-        loss.backward()
-        optimizer.step()
+        def epoch():
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(compiled(), module.targets)
+            loss.backward()
+            optimizer.step()
 
-    epoch()   # compiles (Dynamo: forward and backward; fx: backward)
+    epoch()   # compiles (Dynamo: forward and backward; fx: backward; mini-batches: groups the samples)
     compile_seconds = time.perf_counter() - start
     torch_epoch = median_ms(epoch, args.epochs) / 1e3
     with torch.no_grad():
         torch_forward = median_ms(compiled, args.epochs) / 1e3
 
-    result = dict(compression=args.compression, template=args.template, frontend=args.frontend, **counts,
+    result = dict(compression=args.compression, template=args.template, frontend=args.frontend, batch=args.batch,
+                  **counts,
                   read_s=read_seconds, compile_s=compile_seconds, java_epoch_ms=java_epoch * 1e3,
                   relational_epoch_ms=torch_epoch * 1e3, java_forward_ms=java_forward * 1e3,
                   relational_forward_ms=torch_forward * 1e3, threads=torch.get_num_threads())
     print(f"Mutagenesis {args.template}, {len(samples)} molecules, compression {args.compression}: "
           f"{counts['neurons']} neurons, {counts['edges']} edges, {torch.get_num_threads()} torch threads")
-    print(f"  bridge: read {read_seconds:.1f} s; {args.frontend} front-end: "
-          f"compile + first epoch {compile_seconds:.1f} s")
+    how = f"mini-batches of {args.batch}, first two epochs" if args.batch else \
+        f"{args.frontend} front-end: compile + first epoch"
+    print(f"  bridge: read {read_seconds:.1f} s; {how} {compile_seconds:.1f} s")
     print(f"  median over {args.epochs}    epoch (ms)   forward (ms)")
     print(f"  Java engine        {java_epoch * 1e3:10.2f}   {java_forward * 1e3:10.2f}")
     print(f"  relational         {torch_epoch * 1e3:10.2f}   {torch_forward * 1e3:10.2f}")
+    if args.batch:
+        print("\n".join("    " + line for line in str(batched.report).splitlines()))
     return result
+
+
+def _mini_batches(module, optimizer, size: int):
+    """An epoch of shuffled mini-batches of ``size`` samples through ``dynamo_relational.batch``, and a
+    forward over every sample in such batches."""
+    import dynamo_relational
+
+    batched = dynamo_relational.batch(module, progress=False)
+    order = list(range(len(module.outputs)))
+    rng = random.Random(0)
+
+    def epoch():
+        rng.shuffle(order)
+        for i in range(0, len(order), size):
+            chosen = order[i:i + size]
+            optimizer.zero_grad()
+            outputs = torch.cat(batched([(j,) for j in chosen]))
+            torch.nn.functional.mse_loss(outputs, module.targets[chosen]).backward()
+            optimizer.step()
+
+    def forward():
+        return torch.cat([torch.cat(batched([(j,) for j in order[i:i + size]])) for i in range(0, len(order), size)])
+    return epoch, forward, batched
 
 
 if __name__ == "__main__":
