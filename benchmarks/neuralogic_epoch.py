@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     module = to_module(model, samples)
     read_seconds = time.perf_counter() - start
-    counts = module.program.count()
+    counts = module.counts
 
     java_forward = median_ms(lambda: model(samples), args.epochs) / 1e3
     java_epoch = median_ms(lambda: model.train(samples, epochs=1), args.epochs) / 1e3

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
         with torch.no_grad():
             diff = (fn() - engine_out).abs().max().item()
         compiled[label] = (module, fn)
-        rows[label] = dict(neurons=module.program.count()["neurons"], nodes_before=report.nodes_before,
+        rows[label] = dict(neurons=module.counts["neurons"], nodes_before=report.nodes_before,
                            nodes_after=report.nodes_after, nodes_compressed=len(merged), compile_s=seconds,
                            max_abs_diff=diff)
 

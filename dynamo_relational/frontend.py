@@ -1257,7 +1257,8 @@ class _PlainObjects:
                 continue
             seen.add(id(value))
             if kind is list or kind is tuple:
-                stack.extend((v, (path, f"[{i}]")) for i, v in enumerate(value) if type(v) not in _SCALARS)
+                if not _SCALARS.issuperset(map(type, value)):   # (checked in C: most lists hold numbers only)
+                    stack.extend((v, (path, f"[{i}]")) for i, v in enumerate(value) if type(v) not in _SCALARS)
             elif kind is dict:
                 stack.extend((v, (path, f"[{k!r}]")) for k, v in value.items() if type(v) not in _SCALARS)
             elif hasattr(value, "__dict__") and not callable(value) and not isinstance(value, types.ModuleType):

@@ -307,7 +307,9 @@ class NeuraLogicModule(nn.Module):
 
     def __init__(self, program: Program, dtype: torch.dtype = torch.float64):
         super().__init__()
-        self.program = program
+        #: neurons, facts, edges, weights and samples of the networks (the program itself is not kept: its
+        #: objects would be walked by every trace's check for state stored on plain objects)
+        self.counts = program.count()
         self.weights = nn.ParameterDict()
         self._weight_attr: dict[int, tuple[str, str]] = {}
         for index, w in sorted(program.weights.items()):
