@@ -249,3 +249,11 @@ def test_pyg_molecules_equal_the_per_molecule_model(kind):
     grads = [torch.autograd.grad(torch.stack(outs).square().sum(), list(model.parameters())) for outs in (got, want)]
     for g, w in zip(*grads):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_ordinary_benchmark_compiles_a_cell_loop_with_both_backends():
+    from benchmarks import ordinary
+
+    rows = ordinary.measure(steps=2, batch=2, width=3, repeats=2)
+    assert all(rows[name]["train_ms"] > 0 for name in ("eager", "inductor", "relational"))
+    assert set(rows["ratio"]) == {"compile_s", "forward_ms", "train_ms"}
