@@ -41,7 +41,7 @@ class CompiledGraph:
 def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
                 progress: CompileProgress = NO_PROGRESS) -> tuple[fx.GraphModule, GraphReport]:
     """Run the grouping pipeline on a Dynamo graph; returns the grouped graph and its report."""
-    from dynamo_relational.passes import OPTIONAL_PASSES, PIPELINE, PassContext
+    from dynamo_relational.passes import PIPELINE, PassContext
     from dynamo_relational.passes.distinct_outputs import expose_bases, hide_bases, output_aliases
 
     ctx = PassContext(options, detailed=detailed or options.dump_dir is not None,
@@ -56,11 +56,12 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
     # a small graph is kept as traced if grouping does not make it smaller (see _smaller_or_as_traced)
     as_traced = _copy(gm) if nodes_before <= KEEP_AS_TRACED_UP_TO else None
     expose_bases(gm, ctx.output_aliases)   # values that returned views share: kept by every pass
-    for name, run_pass in PIPELINE:
+    for step in PIPELINE:
+        name, run_pass = step.name, step.run
         if name in options.disable:
             continue
         # Optimizer passes rewrite in place: keep the graph they start from, to fall back to.
-        backup = _copy(gm) if name in OPTIONAL_PASSES else None
+        backup = _copy(gm) if step.optional else None
         progress.start(name)
         try:
             with ctx.timed(name):

@@ -344,8 +344,8 @@ def _grouped(union, options: Options):
 
     # every group is vectorized, however small: a per-sample node left as it is could not be restricted
     ctx = PassContext(dataclasses.replace(options, min_group_size=1))
-    for _, run in UNION_PASSES:
-        union = run(union, ctx)
+    for step in UNION_PASSES:
+        union = step.run(union, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the union keeps its order: {ctx.keep_order[0]}")
     return union

@@ -38,14 +38,11 @@ from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 from .ops import TensorInfo, tensor_info
 from .options import Options
 
-_NAMES = [name for name, _ in PIPELINE]
 #: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
-SAMPLE_PASSES = tuple(PIPELINE[:_NAMES.index("grouping")])
-#: the passes run on the union: grouping, and the rewrites whose legality does not depend on which samples
-#: a batch holds (they read no index values: rows contiguous in one union, or merged by value, are not in
-#: another batch; a transposed ``linear`` would move the samples' rows out of dim 0)
-UNION_PASSES = tuple((name, run) for name, run in PIPELINE if name in (
-    "grouping", "vectorize", "postpone_gathers", "compose_gathers", "fuse_linear", "fold_bias", "cleanup"))
+SAMPLE_PASSES = tuple(PIPELINE[:[p.name for p in PIPELINE].index("grouping")])
+#: the passes run on the union: grouping, and the rewrites legal for every batch of its samples
+#: (``Pass.on_unions``)
+UNION_PASSES = tuple(p for p in PIPELINE if p.on_unions)
 
 
 class NotBatchable(Exception):
@@ -69,8 +66,8 @@ def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[in
             input_shapes: Sequence[tuple[int, ...]], options: Options) -> SampleGraph:
     """A sample's trace after :data:`SAMPLE_PASSES`; :class:`NotBatchable` if they must keep its order."""
     ctx = PassContext(options)
-    for _, run in SAMPLE_PASSES:
-        graph = run(graph, ctx)
+    for step in SAMPLE_PASSES:
+        graph = step.run(graph, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the sample's graph keeps its order: {ctx.keep_order[0]}")
     output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
