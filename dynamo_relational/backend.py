@@ -66,6 +66,8 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         try:
             with ctx.timed(name):
                 gm = run_pass(gm, ctx)
+            if options.strict:
+                _lint(gm, name)
         except Exception:
             if options.strict:
                 raise
@@ -94,6 +96,15 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
         for reason, count in ctx.ungrouped.most_common():
             log.info("relational: %d node(s) left ungrouped: %s", count, reason)
     return gm, report
+
+
+def _lint(gm: fx.GraphModule, after: str) -> None:
+    """fx's checks of ``gm``'s graph (each node's inputs defined before it, names unique, targets resolvable),
+    raised with the pass that left it so."""
+    try:
+        gm.graph.lint()
+    except Exception as e:
+        raise RuntimeError(f"the graph after pass {after} is malformed: {e}") from e
 
 
 #: graphs of at most this many FX nodes are copied before grouping, to fall back to (the copy costs about

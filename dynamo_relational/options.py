@@ -75,7 +75,8 @@ class Options:
     #: are grouped together (gathering the weights) instead of one group per weight.
     max_typed_groups: int = 8
     #: On an internal error, raise it instead of logging it and compiling the
-    #: ungrouped graph (which is always correct, only slower).
+    #: ungrouped graph (which is always correct, only slower); also lint the
+    #: graph after every pass, naming the pass that left it malformed.
     strict: bool = False
     #: Optimizer passes to skip, by name (see ``dynamo_relational.passes.OPTIONAL_PASSES``):
     #: ``"postpone_gathers"`` (row-wise ops before gathers), ``"compose_gathers"``

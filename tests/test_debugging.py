@@ -111,3 +111,18 @@ def test_long_compiles_show_a_progress_bar_over_their_steps(enabled, monkeypatch
     err = capsys.readouterr().err
     assert ("relational compile" in err and "cleanup" in err) == enabled
     assert err == "" or enabled
+
+
+def test_strict_lints_the_graph_after_every_pass_and_names_the_pass(monkeypatch):
+    def misordering(gm, ctx):   # returns normally, with a node that reads a value defined after it
+        nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+        nodes[-1].append(nodes[0])
+        return gm
+
+    import dynamo_relational.passes as passes
+
+    pipeline = tuple(dataclasses.replace(p, run=misordering) if p.name == "fold_bias" else p for p in passes.PIPELINE)
+    monkeypatch.setattr(passes, "PIPELINE", pipeline)
+    with pytest.raises(Exception, match="after pass fold_bias is malformed"):
+        dynamo_relational.compile(TwoHop().double(), torch.randn(4, 4, dtype=torch.float64), inductor=False,
+                                  strict=True)
