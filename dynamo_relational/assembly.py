@@ -172,6 +172,7 @@ class Assembly:
             entry = numpy.repeat(index.segment_start - (numpy.cumsum(lengths) - lengths), lengths) \
                 + numpy.arange(int(lengths.sum()))
         if index.source is None:
+            assert index.index is not None   # (a gather from a shared tensor has its own index)
             part, rank = numpy.zeros(entry.shape[0], dtype=numpy.int64), index.index[entry]
         else:
             part = self.values.first_part[self.values.id_of(index.source)] + index.leaf_at[entry]

@@ -30,7 +30,7 @@ def fastest(candidates: dict[str, Callable], inputs: Sequence[Any],
     cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in inputs)
     with torch.set_grad_enabled(grad):
         medians = median_ms({name: functools.partial(_call, fn, inputs, cuda) for name, fn in candidates.items()})
-    return min(medians, key=medians.get), medians
+    return min(medians, key=lambda name: medians[name]), medians
 
 
 def _call(fn: Callable, inputs: Sequence[Any], cuda: bool) -> None:

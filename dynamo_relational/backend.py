@@ -118,8 +118,12 @@ def _smaller_or_as_traced(grouped: fx.GraphModule, as_traced: fx.GraphModule | N
 
     Grouping pays by running fewer, larger ops. Where nothing batches (a recurrent cell over time steps,
     an ordinary model), the passes can only split ops into more pieces (``nn.LSTMCell`` into its gates),
-    which costs compile time and run time under Inductor and gains nothing."""
-    if as_traced is None or len(grouped.graph.nodes) < nodes_before:
+    which costs compile time and run time under Inductor and gains nothing.
+
+    Not where ``distinct_outputs`` cloned an output: two outputs that eager computes apart, by equal
+    expressions, are one value to CSE, and Inductor would merge them in the traced graph as well, so that
+    writing into one output would change the other."""
+    if as_traced is None or len(grouped.graph.nodes) < nodes_before or ctx.stats.get("outputs_cloned"):
         return grouped
     log.info("relational: grouping left %d FX nodes of %d; the graph is compiled as traced",
              len(grouped.graph.nodes), nodes_before)
@@ -295,7 +299,8 @@ def _with_static_inputs_known(compile_fn: Callable) -> Callable:
             gm.meta["dynamo_compile_id"] = compile_id
             names = [*dict(gm.named_parameters(remove_duplicate=False)),
                      *dict(gm.named_buffers(remove_duplicate=False))]
-            gm._param_name_to_source = {name: ConstantSource(f"relational_graph.{name}") for name in names}
+            setattr(gm, "_param_name_to_source",
+                    {name: ConstantSource(f"relational_graph.{name}") for name in names})
             for node in gm.graph.find_nodes(op="placeholder"):
                 node._dynamo_source = None
         return compile_fn(gm, inputs)
@@ -318,7 +323,7 @@ def _replaying(fn: Callable, products: list, under_dynamo: bool) -> Callable:
             else:
                 torch.compiler.cudagraph_mark_step_begin()
         return fn(*args)
-    run.products = products
+    setattr(run, "products", products)   # held by the compiled function (see prepare_products)
     return run
 
 

@@ -200,8 +200,8 @@ class BatchedModule(nn.Module):
         if not samples:
             return []
         self._cache = self._caches.setdefault(self._state(), _Cache())
-        keys, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
-        keys = [self._canonical.setdefault(k, k) for k in keys]   # later lookups find the very key object
+        found, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
+        keys = [self._canonical.setdefault(k, k) for k in found]   # later lookups find the very key object
         new = self._trace_new(keys, samples, tensors)
         structures = self._cache.structures
         refused = next((structures[k].refused for k in keys if structures[k].refused), None)
@@ -210,7 +210,7 @@ class BatchedModule(nn.Module):
             return self._one_by_one(samples, union)
         held = [i for i, k in enumerate(keys) if union is not None and k in union.position]
         results: list[Any] = [None] * len(samples)
-        if held:
+        if union is not None and held:
             for i, result in zip(held, self._run(union, [keys[i] for i in held], [tensors[i] for i in held])):
                 results[i] = result
         for i in sorted(set(range(len(samples))) - set(held)):
@@ -288,7 +288,7 @@ class BatchedModule(nn.Module):
 
     def _group(self, keys: list[Hashable]) -> _Union | str:
         start = time.perf_counter()
-        graphs = [self._cache.structures[k].graph for k in keys]
+        graphs = [self._graph(k) for k in keys]
         try:
             with gc_paused():
                 union, layout = build(graphs, self._params())
@@ -304,6 +304,11 @@ class BatchedModule(nn.Module):
         self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
         run = aten_executor(plan.graph).forward
         return _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, run)
+
+    def _graph(self, key: Hashable) -> SampleGraph:
+        graph = self._cache.structures[key].graph
+        assert graph is not None, "a refused structure never joins a union"
+        return graph
 
     def _params(self) -> dict[str, torch.Tensor]:
         return {f"model.{name}": t for name, t in [*self.model.named_parameters(remove_duplicate=False),
@@ -323,7 +328,7 @@ class BatchedModule(nn.Module):
         per_output = [union.plan.split(batch, j, value) for j, value in enumerate(outputs)]
         results = []
         for b, k in enumerate(keys):
-            graph = self._cache.structures[k].graph
+            graph = self._graph(k)
             leaves = [part[b] if layout == "cat" else part[b][0]
                       for part, layout in zip(per_output, union.layout.outputs)]
             for position, value in graph.constants.items():

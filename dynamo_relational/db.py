@@ -210,7 +210,7 @@ def open_database(target: str | os.PathLike | URL, *, write: bool = False) -> Da
         try:
             url = sa.make_url(target)
         except (sa.exc.ArgumentError, ValueError) as exc:
-            hidden = re.sub(r"//[^/@]*@", "//***@", target)      # credentials stay out of messages
+            hidden = re.sub(r"//[^/@]*@", "//***@", str(target))      # credentials stay out of messages
             raise DatabaseError(f"not a database URL or SQLite path: {hidden!r} ({exc})") from None
     shown = url.render_as_string(hide_password=True)
     try:

@@ -30,7 +30,8 @@ def explain(model: torch.nn.Module | Any, *inputs: Any, guard_filter_fn: Callabl
         graphs.append(compiled.report)
         return compiled.fn
 
-    dynamo_options = {"guard_filter_fn": guard_filter_fn} if guard_filter_fn is not None else None
+    dynamo_options: dict[str, Any] | None = \
+        {"guard_filter_fn": guard_filter_fn} if guard_filter_fn is not None else None
     compiled_model = torch.compile(model, backend=backend, options=dynamo_options)
     start = time.perf_counter()
     compiled_model(*inputs)

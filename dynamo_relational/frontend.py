@@ -193,6 +193,21 @@ _SHAPE_STATIC = frozenset([
 ])
 
 
+_TENSOR_METHODS: dict[Any, bool] = {}
+
+
+def _is_tensor_method(func: Callable) -> bool:
+    """torch's ``is_tensor_method_or_property``, remembered per function (torch's enters a warnings context
+    on every call: a few percent of tracing)."""
+    try:
+        return _TENSOR_METHODS[func]
+    except KeyError:
+        known = _TENSOR_METHODS[func] = is_tensor_method_or_property(func)
+        return known
+    except TypeError:   # an unhashable callable
+        return is_tensor_method_or_property(func)
+
+
 def _needs_check(node: fx.Node) -> bool:
     """Whether computing ``node`` may run an op with a value-dependent output (shape)."""
     if node.target is operator.getitem:   # only tensor indices (boolean masks) can be
@@ -586,7 +601,7 @@ class _Tracer(fx.Tracer):
         """A proxy for the call ``func(*args, **kwargs)`` of a torch function or tensor method."""
         if self.wrote_untraced is None and _writes_untraced_tensor(func, args):
             self.wrote_untraced = _user_line(_frames(self._stop))
-        if is_tensor_method_or_property(func):
+        if _is_tensor_method(func):
             return self.create_proxy("call_method", func.__name__, args, kwargs)
         return self.create_proxy("call_function", func, args, kwargs)
 

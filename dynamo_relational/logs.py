@@ -32,5 +32,5 @@ def configure_from_env(environ=os.environ) -> None:
     if not any(getattr(h, "_dynamo_relational", False) for h in log.handlers):
         handler = logging.StreamHandler()
         handler.setFormatter(DEFAULT_FORMATTER)
-        handler._dynamo_relational = True
+        setattr(handler, "_dynamo_relational", True)
         log.addHandler(handler)

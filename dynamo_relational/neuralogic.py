@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 from torch import nn
@@ -372,8 +372,8 @@ class NeuraLogicModule(nn.Module):
             step = self.steps[index]
             if step[0] == "fact":
                 _, start, size, shape = step
-                values[index] = (self.facts[start] if size == 1 and shape == () else
-                                 self.facts[start:start + size].reshape(shape))
+                facts = cast(torch.Tensor, self.facts)   # (a buffer: nn.Module types attributes loosely)
+                values[index] = facts[start] if size == 1 and shape == () else facts[start:start + size].reshape(shape)
                 continue
             if step[0] == "weight":
                 values[index] = self.weight(step[1])

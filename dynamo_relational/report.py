@@ -75,7 +75,7 @@ class Report:
     @property
     def lower_bound(self) -> int | None:
         bounds = [g.lower_bound for g in self.graphs]
-        return None if any(b is None for b in bounds) else sum(bounds)
+        return None if any(b is None for b in bounds) else sum(b for b in bounds if b is not None)
 
     @property
     def pass_timings(self) -> dict[str, float]:
@@ -140,7 +140,7 @@ class Report:
         rows += [(f"  nodes after {name}", n) for name, n in counts.items()]
         for i, g in enumerate(self.graphs):
             rows.append((f"graph {i}: schedule", g.schedule))
-            sizes = Counter()
+            sizes: Counter[str] = Counter()
             for family, size, _ in g.group_sizes:
                 sizes[family] += size
             rows += [(f"graph {i}: {family} nodes grouped", n) for family, n in sizes.most_common()]

@@ -181,16 +181,16 @@ class SchemaCache:
 
     def __init__(self, capacity: int = CAPACITY):
         self.capacity = capacity
-        self._schemas: OrderedDict[tuple[str, bool], Schema] = OrderedDict()
+        self._schemas: OrderedDict[tuple[str, bool, str | None], Schema] = OrderedDict()
 
-    def get(self, key: tuple[str, bool]) -> Schema | None:
+    def get(self, key: tuple[str, bool, str | None]) -> Schema | None:
         schema = self._schemas.get(key)
         if schema is not None:
             self._schemas.move_to_end(key)
             schema.uses += 1
         return schema
 
-    def put(self, key: tuple[str, bool], schema: Schema) -> Schema:
+    def put(self, key: tuple[str, bool, str | None], schema: Schema) -> Schema:
         self._schemas[key] = schema
         schema.uses += 1
         while len(self._schemas) > self.capacity:

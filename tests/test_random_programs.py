@@ -344,9 +344,15 @@ def _after_writing(fn, x, k):
 TRANSPOSED_VIEWS = [("hidden_transposed", 0), ("view_of_earlier", 0), ("view_of_earlier", 1)]
 
 
+#: outputs 0 and 4 are equal computations (x[0] * w), apart in eager: compiled as traced, Inductor merged them
+EQUAL_COMPUTATIONS = [("row_of_hidden", 5), ("other_hidden_columns_after", 70), ("row_of_other_hidden", 12),
+                      ("cat_rows", 30), ("stack_products", 32)]
+
+
 def _found_failures(test):
     for front_end in FRONT_ENDS:
         test = example(kinds=TRANSPOSED_VIEWS, rows=2, front_end=front_end, inductor=False)(test)
+        test = example(kinds=EQUAL_COMPUTATIONS, rows=1, front_end=front_end, inductor=True)(test)
     return test
 
 
