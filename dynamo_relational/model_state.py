@@ -1,0 +1,190 @@
+"""What a model holds besides its parameters, buffers and submodules, which tracing reads as Python data:
+checked after tracing (``forward`` must not store traced values in it) and before each call of the fast
+front-end's compiled module (a replaced or changed attribute traces again).
+
+:class:`HeldAttributes` covers the modules' own attributes (tensors by identity and version, Python scalars by
+value, lists and dicts); :class:`PlainObjects` the plain Python objects they reach (a tree's nodes).
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import types
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch import nn
+
+class HeldAttributes:
+    """What the model's modules hold as plain attributes (neither parameter, buffer nor submodule), which
+    tracing reads as Python data: tensors (``self.edge_index = ...``, also as items of a list, tuple or dict
+    attribute), by identity and version counter, and Python scalars (``self.temperature = 0.5``, Dropout's
+    ``p``), by value.
+
+    Ops on them run once, at compile time, and their results are frozen into the graph
+    (``deg = self.adj.sum(1)``). Replacing one (``model.adj = other``, ``model.drop.p = 0.2``) or changing a
+    tensor in place (``model.adj.mul_(2)``) would leave the graph computing with the old values:
+    :meth:`changed` tells, and the next call traces again, as Dynamo would recompile. (Containers of Python
+    data, such as neighbour lists, are not compared: the contract freezes them.)"""
+
+    def __init__(self, model: nn.Module):
+        self.held = []   # (module, attribute name, key or _WHOLE, tensor, version) for tensors
+        self.scalars = []   # (module, attribute name, value) for Python scalars
+        self.containers = []   # (module, attribute name, list or dict, a shallow copy of it)
+        # The graph reads parameters and buffers live, so aliases of them (``self.weights = [self.lin.weight]``)
+        # are not held: an optimizer step bumps their versions and must not trace again.
+        registered = {id(t) for t in itertools.chain(model.parameters(), model.buffers())}
+        for module in model.modules():
+            for name, value in vars(module).items():
+                if name in _MODULE_STATE:
+                    continue
+                if type(value) in _SCALARS:
+                    self.scalars.append((module, name, value))
+                elif isinstance(value, torch.Tensor):
+                    if id(value) not in registered:
+                        self.held.append((module, name, _WHOLE, value, _version(value)))
+                elif isinstance(value, (list, tuple, dict)):
+                    if isinstance(value, (list, dict)):
+                        self.containers.append((module, name, value, value.copy()))
+                    for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+                        if isinstance(item, torch.Tensor) and id(item) not in registered:
+                            self.held.append((module, name, key, item, _version(item)))
+
+    def held_ids(self) -> set[int]:
+        """The ids of the tensors held (graph constants that are the model's own, returned as themselves)."""
+        return {id(tensor) for _, _, _, tensor, _ in self.held}
+
+    def changed(self, scalars: bool = True) -> tuple[str, str] | None:
+        """(the first attribute replaced or changed in place since, as ``"Model.adj"``; how), or None."""
+        for module, name, key, tensor, version in self.held:
+            value: Any = vars(module).get(name)
+            if key is not _WHOLE:
+                try:
+                    value = value[key]
+                except (LookupError, TypeError):
+                    value = None
+            how = "replaced" if value is not tensor else "changed in place" if _version(tensor) != version else None
+            if how:
+                return f"{type(module).__name__}.{name}" + ("" if key is _WHOLE else f"[{key!r}]"), how
+        for module, name, held in self.scalars if scalars else ():
+            value = vars(module).get(name, _WHOLE)
+            if value is not held and (type(value) is not type(held) or value != held):
+                return f"{type(module).__name__}.{name}", f"changed from {held!r} to {value!r}"
+        return None
+
+    def stored_proxy(self) -> tuple[str, fx.Proxy] | None:
+        """The first list or dict attribute (as ``"Model.history"``) that now holds a traced value (one level
+        deep), and that value: ``forward`` appended one to it, or stored one in it, while tracing."""
+        for module, name, container, _ in self.containers:
+            for item in (container.values() if isinstance(container, dict) else container):
+                proxy = _proxy_in(item)
+                if proxy is not None:
+                    return f"{type(module).__name__}.{name}", proxy
+        return None
+
+    def restore(self) -> None:
+        """Put back the lists and dicts as they were, and the held tensors where they were replaced (changes
+        made in place stay)."""
+        for _, _, container, saved in self.containers:
+            if isinstance(container, list):
+                container[:] = saved
+            else:
+                container.clear()
+                container.update(saved)
+        for module, name, key, tensor, _ in self.held:
+            if key is _WHOLE:
+                vars(module)[name] = tensor
+            else:
+                holder: Any = vars(module).get(name)
+                if isinstance(holder, (list, dict)):
+                    try:
+                        holder[key] = tensor   # type: ignore[call-overload]
+                    except IndexError:
+                        pass
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (raised by each in-place change); None for an inference tensor, which has none
+    (and cannot be changed in place outside inference mode)."""
+    return None if tensor.is_inference() else tensor._version
+
+
+#: nn.Module's own state: its parameters, buffers and submodules (the graph reads those as get_attr nodes) and
+#: its train/eval flag (:meth:`RelationalModule._state` keys the graphs by it)
+_MODULE_STATE = frozenset(("_parameters", "_buffers", "_modules", "training"))
+
+
+class PlainObjects:
+    """The plain Python objects that the modules reach through their attributes (a tree's nodes, a sample's
+    objects), with their attributes as they were before tracing: to find a traced value that ``forward``
+    stored on one (``node.state = (c, h)``), which tracing would leave there, and to undo that."""
+
+    #: objects looked at, at most (the structure of a large grounding stays cheap to walk)
+    LIMIT = 200_000
+
+    def __init__(self, model: nn.Module):
+        self.saved: list[tuple[Any, tuple, dict]] = []   # (object, its path, its attributes before tracing)
+        seen: set[int] = set()
+        stack: list[tuple[Any, tuple]] = [(value, (type(module).__name__, f".{name}")) for module in model.modules()
+                 for name, value in vars(module).items() if name not in _MODULE_STATE]
+        while stack and len(seen) < self.LIMIT:
+            value, path = stack.pop()
+            kind = type(value)
+            if kind in _SCALARS or id(value) in seen or isinstance(value, (torch.Tensor, nn.Module, type)):
+                continue
+            seen.add(id(value))
+            if kind is list or kind is tuple:
+                if not _SCALARS.issuperset(map(type, value)):   # (checked in C: most lists hold numbers only)
+                    stack.extend((v, (path, f"[{i}]")) for i, v in enumerate(value) if type(v) not in _SCALARS)
+            elif kind is dict:
+                stack.extend((v, (path, f"[{k!r}]")) for k, v in value.items() if type(v) not in _SCALARS)
+            elif hasattr(value, "__dict__") and not callable(value) and not isinstance(value, types.ModuleType):
+                attributes = getattr(value, "__dict__")
+                if type(attributes) is not dict:   # (an object that is no plain one)
+                    continue
+                self.saved.append((value, path, dict(attributes)))
+                stack.extend((v, (path, f".{k}")) for k, v in attributes.items() if type(v) not in _SCALARS)
+
+    def stored_proxy(self) -> tuple[str, fx.Proxy] | None:
+        """The first attribute of such an object (as ``"Model.trees[0].children[1].state"``) that now holds a
+        traced value, also inside a list, tuple or dict, and that value."""
+        for value, path, _ in self.saved:
+            for name, item in vars(value).items():
+                proxy = _proxy_in(item)
+                if proxy is not None:
+                    return _path_text(path) + f".{name}", proxy
+        return None
+
+    def restore(self) -> None:
+        for value, _, before in self.saved:
+            attributes = vars(value)
+            attributes.clear()
+            attributes.update(before)
+
+
+def _proxy_in(item: Any) -> fx.Proxy | None:
+    """``item`` if it is a traced value, else the first one in the list, tuple or dict it is."""
+    if isinstance(item, fx.Proxy):
+        return item
+    if type(item) in (list, tuple, dict):
+        return next((i for i in (item.values() if type(item) is dict else item) if isinstance(i, fx.Proxy)), None)
+    return None
+
+
+def computed_at(proxy: fx.Proxy) -> str:
+    """``file:line in function: code`` where the traced value was computed (its node's recorded frame)."""
+    match = re.search(r'File "(.+)", line (\d+), in (\S+)\n\s*(.*)', proxy.node.meta.get("stack_trace") or "")
+    return f"{match[1]}:{match[2]} in {match[3]}: {match[4]}" if match else "an unknown source line"
+
+
+def _path_text(path: tuple) -> str:
+    parts = []
+    while isinstance(path, tuple):
+        path, part = path
+        parts.append(part)
+    return path + "".join(reversed(parts))
+#: the Python scalars that :class:`_Attributes` compares
+_SCALARS = frozenset((int, float, bool, str, complex, type(None)))
+#: the key of a tensor held by the attribute itself, not by an item of a list, tuple or dict
+_WHOLE = object()
