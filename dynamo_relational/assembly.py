@@ -32,7 +32,7 @@ import numpy
 import torch
 
 if TYPE_CHECKING:
-    from .row_plan import Rows, _Index
+    from .row_plan import Rows, GatherIndex
 
 _INT32_MAX = 2 ** 31 - 1
 
@@ -137,7 +137,7 @@ def _place(buffer: numpy.ndarray, values: numpy.ndarray, lengths: numpy.ndarray,
 class Assembly:
     """Every index tensor and size of a row plan, for any batch of its samples (see the module docstring)."""
 
-    def __init__(self, indices: Sequence["_Index"], sizes: Sequence["Rows"], samples: int):
+    def __init__(self, indices: Sequence["GatherIndex"], sizes: Sequence["Rows"], samples: int):
         self.values = values = _Values(samples)
         kinds = [index.kind for index in indices]
         #: index tensors numbered family by family: selects, then CSR reductions, then segments
@@ -160,7 +160,7 @@ class Assembly:
         self.reads = _joined(reads, samples, ("part", "rank"))
         self.rows = _joined(rows, samples, ("length",))
 
-    def _reads(self, key: int, index: "_Index") -> tuple:
+    def _reads(self, key: int, index: "GatherIndex") -> tuple:
         """One entry per source row that ``index`` reads: its out row's sample and rank, its part and rank."""
         out = index.out
         if index.kind == "select":

@@ -48,6 +48,7 @@ from torch.utils import _pytree as pytree
 from .backend import aten_executor
 from .frontend import FrontendError, gc_paused, trace
 from .options import Options
+from .passes import PassContext
 from .progress import CompileProgress
 from .row_plan import Batch, Refused, RowPlan, analyse
 from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare
@@ -345,8 +346,6 @@ class BatchedModule(nn.Module):
 
 
 def _grouped(union, options: Options):
-    from .passes import PassContext
-
     # every group is vectorized, however small: a per-sample node left as it is could not be restricted
     ctx = PassContext(dataclasses.replace(options, min_group_size=1))
     for step in UNION_PASSES:

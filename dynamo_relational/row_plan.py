@@ -175,7 +175,7 @@ class Batch:
         return value
 
 
-class _Index:
+class GatherIndex:
     """One index tensor of the union, as :class:`~dynamo_relational.assembly.Assembly` restricts it.
 
     ``kind`` is ``"select"`` (one source row per row: ``index_select``), ``"reduce"`` (segments of source rows:
@@ -197,7 +197,7 @@ class RowPlan:
     """The union's graph as a function of a batch's inputs, index tensors and sizes (see the module docstring)."""
     graph: fx.GraphModule
     samples: int
-    indices: list[_Index]
+    indices: list[GatherIndex]
     #: the Rows each size input counts
     sizes: list[Rows]
     #: the Rows of each output
@@ -235,7 +235,7 @@ class _Analysis:
         self.shared: set[fx.Node] = set()
         self.index_nodes: set[fx.Node] = set()
         #: (gather, its index tensor, how a batch restricts it); one index tensor may serve several gathers
-        self.indices: list[tuple[fx.Node, fx.Node, _Index]] = []
+        self.indices: list[tuple[fx.Node, fx.Node, GatherIndex]] = []
         self.sizes: list[tuple[fx.Node, int, Rows]] = []   # (node, position in args, rows it counts)
         self._interned: dict[bytes, Rows] = {}
         self._shared_rows: dict[fx.Node, SharedRows] = {}
@@ -347,8 +347,9 @@ class _Analysis:
                                    or int(offsets[-1]) != source_rows):
             raise Refused(f"{_describe(node)}: segments that do not cover their rows in order")
         out = self._gathered_rows(node, kind, source_owner, offsets, index)
-        self.indices.append((node, csr, _Index("select" if kind == "rows" else kind, out, source_owner, source_rows,
-                                                offsets, index, constant.device)))
+        index_kind = "select" if kind == "rows" else kind
+        self.indices.append((node, csr, GatherIndex(index_kind, out, source_owner, source_rows, offsets, index,
+                                                    constant.device)))
         if kind == "reduce":
             self.sizes.append((node, (2,), out))
         self._tag(node, out)

@@ -8,7 +8,7 @@ import torch
 
 from dynamo_relational.assembly import Assembly
 from dynamo_relational.kernels.gather_reduce import pack_csr
-from dynamo_relational.row_plan import CatRows, Rows, SharedRows, _Index
+from dynamo_relational.row_plan import CatRows, Rows, SharedRows, GatherIndex
 
 
 def restricted_rows(rows: Rows, samples: list[int]) -> dict[tuple[int, int], int]:
@@ -32,7 +32,7 @@ def restricted_rows(rows: Rows, samples: list[int]) -> dict[tuple[int, int], int
     return where
 
 
-def expected(index: _Index, samples: list[int]) -> torch.Tensor:
+def expected(index: GatherIndex, samples: list[int]) -> torch.Tensor:
     out_rows = [(int(r), b) for b, s in enumerate(samples) for r in numpy.flatnonzero(index.out.owner == s)]
     if index.kind == "segments":
         lengths = [int(index.segment_length[r]) for r, _ in out_rows]
@@ -65,15 +65,15 @@ def random_union(rng: numpy.random.Generator, samples: int):
         readable = [numpy.flatnonzero((source_owner == s) | (source_owner == -1)) for s in out.owner]
         if all(len(r) for r in readable):
             index = numpy.array([rng.choice(r) for r in readable])
-            indices.append(_Index("select", out, source, len(source_owner), None, index, torch.device("cpu")))
+            indices.append(GatherIndex("select", out, source, len(source_owner), None, index, torch.device("cpu")))
         lengths = numpy.array([rng.integers(0, 4) if len(r) else 0 for r in readable])
         offsets = numpy.concatenate([[0], numpy.cumsum(lengths)])
         index = numpy.array([rng.choice(r) for r, k in zip(readable, lengths) for _ in range(k)], dtype=numpy.int64)
-        indices.append(_Index("reduce", out, source, len(source_owner), offsets, index, torch.device("cpu")))
+        indices.append(GatherIndex("reduce", out, source, len(source_owner), offsets, index, torch.device("cpu")))
     out = leaves[2]
     lengths = rng.integers(0, 3, out.rows)
-    indices.append(_Index("segments", out, leaves[1], leaves[1].rows, numpy.concatenate([[0], numpy.cumsum(lengths)]),
-                          None, torch.device("cpu")))
+    offsets = numpy.concatenate([[0], numpy.cumsum(lengths)])
+    indices.append(GatherIndex("segments", out, leaves[1], leaves[1].rows, offsets, None, torch.device("cpu")))
     rng.shuffle(indices)
     return indices, [leaves[0], cat, shared]
 
