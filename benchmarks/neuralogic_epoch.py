@@ -1,6 +1,7 @@
 """Time per training epoch: NeuraLogic's Java engine vs the bridged module under backend="relational".
 
     python -m benchmarks.neuralogic_epoch [--samples N] [--compression on|off] [--epochs E] [--template NAME]
+                                         [--batch B] [--threads T]
 
 On the bundled Mutagenesis data (``--template`` picks a file of its ``templates/`` folder). One
 epoch is one pass over the samples: the engine's ``model.train(samples)`` (its own Adam, MSE,
@@ -51,7 +52,10 @@ def main(argv: list[str] | None = None) -> dict:
                         help="fx: dynamo_relational.compile (fast tracer); dynamo: torch.compile(backend='relational')")
     parser.add_argument("--batch", type=int, default=None,
                         help="train the per-sample networks in shuffled mini-batches of this many samples")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     import neuralogic.logging
     from neuralogic.core import Settings

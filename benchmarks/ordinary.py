@@ -24,15 +24,15 @@ from examples.common import median_ms
 
 
 class LSTMCellLoop(nn.Module):
-    """``steps`` updates of one ``nn.LSTMCell`` over a batch, then a linear readout."""
+    """One ``nn.LSTMCell`` over the time steps of ``x`` ([steps, batch, features]), then a linear readout."""
 
-    def __init__(self, width: int):
+    def __init__(self, features: int, hidden: int):
         super().__init__()
-        self.width = width
-        self.cell, self.out = nn.LSTMCell(width, width), nn.Linear(width, 1)
+        self.hidden = hidden
+        self.cell, self.out = nn.LSTMCell(features, hidden), nn.Linear(hidden, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = c = x.new_zeros(x.shape[1], self.width)
+        h = c = x.new_zeros(x.shape[1], self.hidden)
         for t in range(x.shape[0]):
             h, c = self.cell(x[t], (h, c))
         return self.out(h)
@@ -40,7 +40,7 @@ class LSTMCellLoop(nn.Module):
 
 def measure(steps: int = 32, batch: int = 4, width: int = 16, repeats: int = 200) -> dict:
     torch.manual_seed(0)
-    model, x = LSTMCellLoop(width), torch.randn(steps, batch, width)
+    model, x = LSTMCellLoop(width, width), torch.randn(steps, batch, width)
     rows = {}
     for backend in ("inductor", "relational"):
         torch._dynamo.reset()

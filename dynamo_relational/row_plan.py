@@ -81,7 +81,6 @@ class Rows:
         #: each row's rank among its sample's rows, and its part (one part: all 0)
         self.rank = rank
         self.leaf_of = numpy.zeros_like(rank)
-        self.counts_by_leaf = self.counts[None]
 
     def same_as(self, other: "Rows") -> bool:
         return other is self or (type(other) is Rows and numpy.array_equal(other.owner, self.owner))
@@ -90,14 +89,10 @@ class Rows:
         """(rows of samples, or None for ``n`` rows of a shared value, ``n``) of each part, in order."""
         return [(self, 0)]
 
-    def kept(self, batch: "Batch") -> numpy.ndarray:
-        """[part, batch position] -> rows kept."""
-        return batch.memo(self, "kept", lambda: self.counts_by_leaf[:, batch.samples])
-
     def listing(self, batch: "Batch") -> tuple[numpy.ndarray, numpy.ndarray]:
         """(union row, batch position) of each restricted row, in order."""
         def compute():
-            counts = self.kept(batch)[0]
+            counts = self.counts[batch.samples]
             total = int(counts.sum())
             first = self.start[batch.samples] - (numpy.cumsum(counts) - counts)
             rows = self.order[numpy.repeat(first, counts) + numpy.arange(total)]
@@ -115,7 +110,6 @@ class SharedRows(Rows):
         self.rank = numpy.arange(rows)
         self.leaf_of = numpy.zeros_like(self.rank)
         self.counts = numpy.zeros(samples, dtype=numpy.int64)
-        self.counts_by_leaf = self.counts[None]
 
     def same_as(self, other: Rows) -> bool:
         return other is self
@@ -139,10 +133,7 @@ class CatRows(Rows):
         self.starts = numpy.cumsum([0] + [p.rows for p in leaves])
         self.leaf_of = numpy.repeat(numpy.arange(len(leaves)), [p.rows for p in leaves])
         self.rank = numpy.concatenate([p.rank for p in leaves])
-        self.counts_by_leaf = numpy.stack([p.counts for p in leaves])
-        self.counts = self.counts_by_leaf.sum(0)
-        #: the shared parts' rows, kept whole by every batch (0 for parts of samples' rows)
-        self.shared = numpy.array([p.rows if type(p) is SharedRows else 0 for p in leaves])
+        self.counts = numpy.sum([p.counts for p in leaves], axis=0)
 
     def parts(self) -> list[tuple[Rows | None, int]]:
         return [part for leaf in self.leaves for part in leaf.parts()]

@@ -269,13 +269,18 @@ def entry_weights(csr: Tensor, layout: tuple, offsets: Tensor, index: Tensor, re
     if offsets.device.type == "cpu" and dtype in _NUMPY_FLOATS:   # in numpy: a few microseconds, not tens
         if reduce == "mean":
             sizes = numpy.diff(offsets.numpy())
-            return torch.from_numpy(numpy.repeat(1 / numpy.maximum(sizes, 1).astype(_NUMPY_FLOATS[dtype]), sizes))
+            return torch.from_numpy(numpy.repeat(_inverse_sizes(sizes, dtype), sizes))
         sizes = numpy.diff(unpack_csr(csr, *layout[:2], transpose=not layout[2])[0].numpy())
-        return torch.from_numpy((1 / numpy.maximum(sizes, 1).astype(_NUMPY_FLOATS[dtype]))[index.numpy()])
+        return torch.from_numpy(_inverse_sizes(sizes, dtype)[index.numpy()])
     if reduce == "mean":
         return torch.repeat_interleave(1 / _counts(offsets, dtype), offsets[1:] - offsets[:-1],
                                        output_size=index.shape[0])
     return (1 / _adjoint_sizes(csr, *layout, dtype)).index_select(0, index.long())
+
+
+def _inverse_sizes(sizes: numpy.ndarray, dtype: torch.dtype) -> numpy.ndarray:
+    """1 / each segment size (at least 1: an empty segment reduces to 0), in ``dtype``: :func:`_counts` in numpy."""
+    return 1 / numpy.maximum(sizes, 1).astype(_NUMPY_FLOATS[dtype])
 
 
 def _adjoint_sizes(csr: Tensor, a: int, b: int, transpose: bool, dtype: torch.dtype) -> Tensor:

@@ -292,3 +292,11 @@ def test_samples_trained_in_mini_batches_match_the_whole_module():
     assert batched.report.unbatched == 0, batched.report.unbatched_reason
     assert batched.report.structures == 8 and batched.report.groupings == 1
     assert batched.report.eager_samples == 8
+
+
+def test_epoch_benchmark_trains_per_sample_networks_in_mini_batches():
+    from benchmarks import neuralogic_epoch
+
+    result = neuralogic_epoch.main(["--samples", "6", "--epochs", "1", "--batch", "3"])
+    assert result["batch"] == 3 and result["samples"] == 6
+    assert result["relational_epoch_ms"] > 0 and result["java_epoch_ms"] > 0

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 import dynamo_relational
+from benchmarks.ordinary import LSTMCellLoop
 from tests.conftest import TOLERANCE
 
 TIGHT = {torch.float64: dict(rtol=1e-8, atol=1e-10), torch.float32: TOLERANCE[torch.float32]}
@@ -66,20 +67,6 @@ class LSTM(nn.Module):
         return out, h, c
 
 
-class LSTMCellLoop(nn.Module):
-    """A small batch through an ``nn.LSTMCell`` over time steps: a chain, nothing for grouping to batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.cell, self.out = nn.LSTMCell(4, 6), nn.Linear(6, 1)
-
-    def forward(self, x):
-        h = c = x.new_zeros(x.shape[1], 6)
-        for t in range(x.shape[0]):
-            h, c = self.cell(x[t], (h, c))
-        return self.out(h)
-
-
 class Linear(nn.Module):
     """A linear layer, then ``body`` on its result."""
 
@@ -127,7 +114,7 @@ CASES = {
     "multihead_attention": (lambda: nn.MultiheadAttention(8, 2, batch_first=True),   # called directly
                             lambda: (torch.randn(2, 5, 8),) * 3, torch.float64),
     "lstm": (LSTM, lambda: torch.randn(2, 5, 4), torch.float64),
-    "lstm_cell_loop": (LSTMCellLoop, lambda: torch.randn(8, 4, 4), torch.float64),
+    "lstm_cell_loop": (lambda: LSTMCellLoop(4, 6), lambda: torch.randn(8, 4, 4), torch.float64),
     **{name: (lambda body=body: Linear(body), lambda: torch.randn(3, 4), torch.float64)
        for name, body in BODIES.items()},
 }
