@@ -28,7 +28,7 @@ import torch
 from examples.common import median_ms
 
 
-def _mutagenesis(template: str):
+def mutagenesis_networks(template: str):
     import neuralogic.utils.data as data
     from neuralogic.core.model import Model
     from neuralogic.dataset import FileDataset
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     neuralogic.logging.clear_handlers()
     compression = args.compression == "on"
-    model, dataset = _mutagenesis(args.template)
+    model, dataset = mutagenesis_networks(args.template)
     model.build(Settings(optimizer=Adam(lr=args.lr), error_function=MSE(),
                          iso_value_compression=compression, chain_pruning=compression))
     samples = list(model.build_dataset(dataset))[: args.samples]

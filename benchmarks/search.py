@@ -21,7 +21,7 @@ from examples.common import interleaved_medians_ms
 
 def models(batch):
     from examples.sum_product import AggregateThenTransform, TransformThenAggregate
-    from tests.test_examples import BUILDERS
+    from tests.helpers import BUILDERS
 
     for form in (AggregateThenTransform, TransformThenAggregate):
         for widths in ((64, 4), (4, 64)):

@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from benchmarks.neuralogic_epoch import _mutagenesis
+from benchmarks.neuralogic_epoch import mutagenesis_networks
 from examples.common import interleaved_medians_ms
 
 
@@ -32,7 +32,7 @@ def _build(template: str, compression: bool, samples: int | None):
     from neuralogic.core import Settings
 
     neuralogic.logging.clear_handlers()
-    model, dataset = _mutagenesis(template)
+    model, dataset = mutagenesis_networks(template)
     model.build(Settings(iso_value_compression=compression, chain_pruning=compression))
     built = list(model.build_dataset(dataset))[:samples]
     return model, built

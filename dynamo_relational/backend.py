@@ -22,11 +22,26 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
+from torch._dynamo.mutation_guard import GenerationTracker
+from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensor
 
+from dynamo_relational.kernels.gather_reduce import EAGER_FORMS, gather_reduce, gather_rows, prepare_products
+from dynamo_relational.kernels.segment import segment_reduce
+from dynamo_relational import passes
+from dynamo_relational.passes import PassContext
+from dynamo_relational.passes.compress_values import changed_constant
+from dynamo_relational.passes.distinct_outputs import expose_bases, hide_bases, output_aliases
+from dynamo_relational.passes.gather_nodes import constant_value
+
+from .autotune import fastest
+from .errors import OptionsError, RelationalError
+from .ops import tensor_info
 from .options import Options
+from .output_views import compile_with_views_outside
 from .progress import NONE as NO_PROGRESS, CompileProgress, compile_progress
 from .report import GraphReport, Report
+from .trial_runs import leaving_no_trace
 
 log = logging.getLogger("dynamo_relational")
 
@@ -41,9 +56,6 @@ class CompiledGraph:
 def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
                 progress: CompileProgress = NO_PROGRESS) -> tuple[fx.GraphModule, GraphReport]:
     """Run the grouping pipeline on a Dynamo graph; returns the grouped graph and its report."""
-    from dynamo_relational.passes import PIPELINE, PassContext
-    from dynamo_relational.passes.distinct_outputs import expose_bases, hide_bases, output_aliases
-
     ctx = PassContext(options, detailed=detailed or options.dump_dir is not None,
                       output_aliases=output_aliases(gm.graph))
     dump = GraphDump(options.dump_dir) if options.dump_dir is not None else None
@@ -56,7 +68,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
     # a small graph is kept as traced if grouping does not make it smaller (see _smaller_or_as_traced)
     as_traced = _copy(gm) if nodes_before <= KEEP_AS_TRACED_UP_TO else None
     expose_bases(gm, ctx.output_aliases)   # values that returned views share: kept by every pass
-    for step in PIPELINE:
+    for step in passes.PIPELINE:   # (read per compile: a test may replace a pass)
         name, run_pass = step.name, step.run
         if name in options.disable:
             continue
@@ -143,7 +155,6 @@ def _name_segment_provider(gm: fx.GraphModule, options: Options, stats: dict) ->
     """
     if options.segment_provider == "aten":
         return
-    from dynamo_relational.kernels.segment import segment_reduce
 
     target = segment_reduce._opoverload
     calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
@@ -203,8 +214,6 @@ def _refusing_changed_constants(fn: Callable, read: list) -> Callable:
     are unchanged: Dynamo's guards do not look at buffer values, so the graph would compute with stale merges."""
     if not read:
         return fn
-    from dynamo_relational.passes.compress_values import changed_constant
-    from .errors import RelationalError
 
     def checked(*args):
         name = changed_constant(read)
@@ -231,8 +240,7 @@ def inductor_mode(mode: str | None):
     """Inductor's settings for ``torch.compile``'s ``mode`` (``options.mode``), while they are in force."""
     if mode is None:
         return contextlib.nullcontext()
-    from torch._inductor import config, list_mode_options
-
+    from torch._inductor import config, list_mode_options   # (as compile_fx, at the first compile)
     return config.patch(list_mode_options(mode))
 
 
@@ -240,9 +248,7 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
                    grad: bool = False) -> Callable:
     """Inductor's ``compile_fx`` (AOT autograd inside) on a copy of ``gm`` (it rewrites the graph it
     is given), for ``inputs``' sizes; then the executor choice between that code and ``gm`` itself."""
-    from torch._inductor.compile_fx import compile_fx
-
-    from .output_views import compile_with_views_outside
+    from torch._inductor.compile_fx import compile_fx   # (importing Inductor takes 2 s: at the first compile)
 
     start = time.perf_counter()
     cuda_graphs = options.mode is not None and bool(_mode_options(options.mode).get("triton.cudagraphs"))
@@ -260,19 +266,13 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
 
 
 def _mode_options(mode: str) -> dict:
-    from torch._inductor import list_mode_options
-
+    from torch._inductor import list_mode_options   # (as compile_fx, at the first compile)
     return list_mode_options(mode)
 
 
 def _products_for_cuda_graphs(gm: fx.GraphModule) -> list:
     """The matrices of ``gm``'s gathers on CUDA, built before any run is recorded in a CUDA graph
     (:func:`~dynamo_relational.kernels.gather_reduce.prepare_products`)."""
-    from dynamo_relational.kernels.gather_reduce import gather_reduce, gather_rows, prepare_products
-    from dynamo_relational.passes.gather_nodes import constant_value
-
-    from .ops import tensor_info
-
     products = []
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target not in (gather_reduce, gather_rows):
@@ -291,8 +291,6 @@ def _with_static_inputs_known(compile_fn: Callable) -> Callable:
     the grouped graph, a new module, lacks: they are put back here (under Dynamo only; without it AOT
     autograd counts the module's own parameters and buffers as static by itself). The index buffers are
     named as constants of the graph, the placeholders keep the static marks Dynamo left in their meta."""
-    from torch._dynamo.source import ConstantSource
-
     def compile_marked(gm: fx.GraphModule, inputs: Sequence[Any]):
         compile_id = torch._guards.CompileContext.current_compile_id()
         if compile_id is not None:
@@ -314,8 +312,6 @@ def _replaying(fn: Callable, products: list, under_dynamo: bool) -> Callable:
     step's outputs may be overwritten; a call of the fast front-end enters no frame, so each call counts as
     one here (else every call would record anew, its predecessor's outputs still counting as alive). Its
     calls without gradients run the training graph, whose backward never comes: each starts a step outright."""
-    from torch._dynamo.mutation_guard import GenerationTracker
-
     def run(*args):
         if not under_dynamo:
             if torch.is_grad_enabled():
@@ -336,8 +332,6 @@ def choose_executor(inductor_fn: Callable, aten: fx.GraphModule, inputs: Sequenc
     real = not any(isinstance(x, (FakeTensor, torch.SymInt, torch.SymFloat, torch.SymBool)) for x in inputs)
     if not (options.autotune and report.vectorized_groups and real):
         return inductor_fn
-    from .autotune import fastest
-    from .trial_runs import leaving_no_trace
 
     start = time.perf_counter()
     # the bound ``forward`` skips ``nn.Module.__call__`` (hook checks) on every call
@@ -356,8 +350,6 @@ def aten_executor(gm: fx.GraphModule) -> fx.GraphModule:
     """``gm`` run as plain ATen calls: a copy whose custom kernel calls use their eager forms
     (:data:`dynamo_relational.kernels.gather_reduce.EAGER_FORMS`: the same computation with less
     per-call overhead than the ``torch.library`` dispatch that Inductor and Dynamo need)."""
-    from dynamo_relational.kernels.gather_reduce import EAGER_FORMS
-
     executor = _copy(gm)
     for node in executor.graph.nodes:
         if node.op == "call_function" and node.target in EAGER_FORMS:
@@ -371,8 +363,6 @@ def relational(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict 
     """The backend function: ``torch.compile(model, backend="relational", options={...})``, or
     ``mode=...`` instead of ``options`` (Inductor's mode for the grouped graph: ``Options.mode``)."""
     if kwargs:
-        from .errors import OptionsError
-
         raise OptionsError(f"unexpected backend arguments {sorted(kwargs)}; pass options={{...}}")
     opts = Options.from_mapping(options if mode is None else {**(options or {}), "mode": mode})
     return compile_graph(gm, example_inputs, opts).fn

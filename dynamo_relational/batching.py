@@ -46,11 +46,13 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .backend import aten_executor
-from .frontend import FrontendError, gc_paused, trace
+from .errors import FrontendError
 from .options import Options
 from .passes import PassContext
 from .progress import CompileProgress
 from .row_plan import Batch, Refused, RowPlan, analyse
+from .tracer import gc_paused
+from .tracing import trace
 from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare
 
 log = logging.getLogger("dynamo_relational")

@@ -31,7 +31,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
+
+from .ops import tensor_info
+from .ops.facts import is_cast, is_view
+from .ops.matmul import linear_args, product_operands
 
 
 @dataclass(frozen=True)
@@ -79,32 +82,25 @@ def rates(device: torch.device) -> tuple[float, float]:
     return flop_rate, byte_rate
 
 
-#: ops that only view their input (no copy, no arithmetic)
-_VIEWS = {"reshape", "view", "unsqueeze", "squeeze", "expand", "t", "transpose", "permute", "flatten"}
-_LINEAR = (F.linear,)
-_PRODUCTS = (torch.matmul, operator.matmul, torch.mm, torch.bmm)
-
-
 def node_cost(gm: fx.GraphModule, node: fx.Node) -> Cost:
     """The estimated forward cost of one node of a vectorized graph (zero for views and unknown shapes)."""
-    from dynamo_relational.ops import tensor_info
-    from dynamo_relational.passes.gather_nodes import constant_value
+    from dynamo_relational.passes.gather_nodes import constant_value   # (passes import this module)
 
     out = tensor_info(node)
     if node.op not in ("call_function", "call_method") or out is None:
         return Cost()
     item, target = out.dtype.itemsize, node.target
-    if node.op == "call_method" and target in _VIEWS or target is operator.getitem:
+    if target is operator.getitem or is_view(node) and not is_cast(node):
         return Cost()
     rows, width = (out.shape[0], math.prod(out.shape[1:])) if out.rank else (1, 1)
     name = getattr(target, "__name__", "")
-    if target in _LINEAR:   # [rows, k] x [k, width]
-        x, n = tensor_info(node.args[0]), out.shape[-1] if out.rank else 1
+    linear_call, product = linear_args(node), product_operands(node)
+    if linear_call is not None:   # [rows, k] x [k, width]
+        x, n = tensor_info(linear_call.x), out.shape[-1] if out.rank else 1
         return linear(out.numel // max(n, 1), x.shape[-1] if x is not None and x.rank else 1, n, item)
-    if target in _PRODUCTS:
-        a = tensor_info(node.args[0])
+    if product is not None:
+        a, b = map(tensor_info, product)
         k = a.shape[-1] if a is not None and a.rank else 1
-        b = tensor_info(node.args[1])
         inputs = sum(i.numel for i in (a, b) if i is not None)
         return Cost(2.0 * out.numel * k, item * (inputs + out.numel))
     if name.startswith("gather_reduce"):

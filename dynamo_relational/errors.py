@@ -7,3 +7,7 @@ class RelationalError(RuntimeError):
 
 class OptionsError(RelationalError, ValueError):
     """An option given to the backend is unknown or has a bad value."""
+
+
+class FrontendError(RelationalError):
+    """The fast front-end cannot trace or run a model; the message names the source line or argument."""

@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import os
 
+from torch._logging._internal import DEFAULT_FORMATTER
+
 ENV = "DYNAMO_RELATIONAL_LOGS"
 log = logging.getLogger("dynamo_relational")
 
 
 def configure_from_env(environ=os.environ) -> None:
     """Apply ``DYNAMO_RELATIONAL_LOGS``: a level name (``info``, ``debug``, ``warning``)."""
-    from torch._logging._internal import DEFAULT_FORMATTER
-
     value = environ.get(ENV, "").strip()
     if not value:
         return

@@ -178,7 +178,7 @@ def read_program(model: Any, built_dataset: Any) -> Program:
     Runs the engine's forward pass once (see the module docstring for why), reads neurons in
     the engine's topological order and deduplicates neurons shared between samples by identity.
     """
-    import jpype
+    import jpype   # (comes with the optional neuralogic, which this module does not need to import)
     from neuralogic.core.constructs.java_objects import ValueFactory
 
     samples = list(built_dataset)

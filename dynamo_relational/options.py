@@ -189,6 +189,7 @@ class Options:
         if self.scheduler not in ("auto", "asap", "agenda"):
             raise OptionsError(
                 f"option 'scheduler' must be 'auto', 'asap' or 'agenda', got {self.scheduler!r}")
+        # (imported here: the passes and kernels read Options, so they import this module)
         from dynamo_relational.kernels.segment import SEGMENT_PROVIDERS, require_torch_scatter
 
         if self.segment_provider not in SEGMENT_PROVIDERS:
@@ -199,7 +200,7 @@ class Options:
         if self.gather_reduce_form not in ("csr", "padded"):
             raise OptionsError(f"option 'gather_reduce_form' must be 'csr' or 'padded', "
                                f"got {self.gather_reduce_form!r}")
-        from dynamo_relational.passes import OPTIONAL_PASSES
+        from dynamo_relational.passes import OPTIONAL_PASSES   # (as above)
 
         if isinstance(self.disable, str) or not all(isinstance(p, str) for p in self.disable):
             raise OptionsError(f"option 'disable' must be a tuple of pass names, got {self.disable!r}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from dynamo_relational import passes
+
 #: Seconds a compile runs before its bar appears.
 DELAY = 3.0
 #: The tracing step reports its node count every this many FX nodes.
@@ -23,7 +25,7 @@ class CompileProgress:
         if not enabled:
             return
         try:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm   # (optional: without it, no bar)
         except ImportError:
             return
         self.bar = tqdm(total=steps, desc=desc, unit="step", delay=DELAY, leave=False, file=sys.stderr)
@@ -56,11 +58,9 @@ class CompileProgress:
         self.close()
 
 
-NONE = CompileProgress(False, 0)
+NONE: CompileProgress = CompileProgress(False, 0)
 
 
 def compile_progress(enabled: bool) -> CompileProgress:
     """A bar over one compile: its first step (tracing, or Inductor after the passes) and each pass."""
-    from dynamo_relational.passes import PIPELINE
-
-    return CompileProgress(enabled, 1 + len(PIPELINE))
+    return CompileProgress(enabled, 1 + len(passes.PIPELINE))

@@ -110,7 +110,7 @@ class Report:
 
     def draw(self, path: str, graph: int = 0) -> None:
         """Draw grouped graph ``graph`` with FxGraphDrawer (needs ``pydot`` and Graphviz's ``dot``)."""
-        from torch.fx.passes.graph_drawer import FxGraphDrawer
+        from torch.fx.passes.graph_drawer import FxGraphDrawer   # (needs the optional pydot)
 
         module = self.graphs[graph].graph_module
         if module is None:

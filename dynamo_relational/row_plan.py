@@ -34,26 +34,28 @@ from typing import Any, Callable, Sequence
 import numpy
 import torch
 import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.operator_schemas import normalize_function
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from dynamo_relational.kernels.gather_reduce import unpack_csr
 from dynamo_relational.passes.vectorize import ROW_SAMPLES
 
 from .assembly import Assembly
-from .ops import tensor_info
+from .ops import REGISTRY, tensor_info
 from .ops.base import value_info
+from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
+from .ops.matmul import linear_args, product_operands
 
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 _SEGMENT_REDUCE = torch.ops.dynamo_relational.segment_reduce.default
-_LINEAR = {torch._C._nn.linear, torch.nn.functional.linear}
-_MATMUL = {torch.matmul, operator.matmul, torch.mm, torch.bmm}
 #: calls that work along the dims their ``dim`` argument names (read from the op's schema)
 _ALONG = {"sum", "mean", "amax", "amin", "prod", "softmax", "log_softmax", "logsumexp", "cumsum", "cumprod",
           "norm", "std", "var", "max", "min", "argmax", "argmin", "all", "any", "normalize", "glu"}
 #: methods and functions that keep every row as it is (no dims, or dtype only)
 _KEEP = {"clone", "contiguous", "detach", "to", "float", "double", "half", "bfloat16", "type_as"}
-_CELLS = {torch.gru_cell, torch.rnn_tanh_cell, torch.rnn_relu_cell}
 
 
 class Refused(Exception):
@@ -407,9 +409,6 @@ def _tagged_reader(node: fx.Node) -> fx.Node:
 def _propagate_shapes(gm: fx.GraphModule) -> None:
     """Every node's shape, from fake tensors (the passes leave some nodes without one, or with the shape of
     the group they were read from)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     inputs = [mode.from_tensor(torch.empty(tensor_info(n).shape, dtype=tensor_info(n).dtype,
                                            device=tensor_info(n).device))
@@ -452,12 +451,13 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
             elif a_info is not None and len(a_info.shape) == rank and a_info.shape[0] != 1:
                 raise Refused(f"{_describe(node)} combines rows of samples with a shared value's rows")
         return first
-    if node.op == "call_function" and target in _LINEAR:
-        if operands != [args[0]] or rank < 2:
+    linear, product = linear_args(node), product_operands(node)
+    if linear is not None:
+        if operands != [linear.x] or rank < 2:
             raise Refused(f"{_describe(node)}: a linear map of rows needs a shared weight")
         return first
-    if node.op == "call_function" and target in _MATMUL:
-        a, b = args[0], args[1]
+    if product is not None:
+        a, b = product
         ra, rb = _rank(a), _rank(b)
         if a in analysis.rows and b in analysis.rows:
             keeps = ra == rb == rank >= 3                 # one product per row
@@ -468,7 +468,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if not keeps:
             raise Refused(f"{_describe(node)}: a product that contracts or broadcasts the rows of samples")
         return first
-    if node.op == "call_function" and target in _CELLS:
+    if node.op == "call_function" and REGISTRY.family_of(node) is CELL:
         if any(a in analysis.rows for a in args[2:]):
             raise Refused(f"{_describe(node)}: recurrent cell weights must be shared")
         return first
@@ -495,8 +495,6 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
 
 
 def _is_elementwise(node: fx.Node) -> bool:
-    from .ops import REGISTRY
-
     return REGISTRY.family_of(node) is ELEMENTWISE
 
 
@@ -530,8 +528,6 @@ def _shape_path(node: fx.Node) -> tuple[int, ...]:
 def _dims_by_schema(node: fx.Node, name: str, rank: int):
     """The ``dim`` argument of a call of ``torch.<name>`` (or the method), by the op's signature (``norm``'s
     second argument is ``p``, ``std``'s may be ``unbiased``); None where it is absent or not certain."""
-    from torch.fx.operator_schemas import normalize_function
-
     function = node.target if node.op == "call_function" else getattr(torch, name, None)
     if function is None:
         return None

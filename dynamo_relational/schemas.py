@@ -26,6 +26,7 @@ from .backend import choose_executor, compile_static, inductor_mode, without_aut
 from .ops import REGISTRY
 from .ops.elementwise import ELEMENTWISE
 from .options import Options
+from .output_views import compile_with_views_outside
 from .report import GraphReport
 from .trial_runs import leaving_no_trace
 
@@ -220,9 +221,8 @@ def autocast_state() -> tuple[tuple[str, torch.dtype], ...] | None:
 
 def _inductor_with_tags(recompute: Sequence[tuple[Any, int, Any]], mode: str | None) -> Callable:
     """Inductor (in ``mode``) as a Dynamo backend, on the graph with its recompute tags restored."""
-    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.compile_fx import compile_fx   # (importing Inductor takes 2 s: at the first compile)
 
-    from .output_views import compile_with_views_outside
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         gm = retag(gm, recompute)

@@ -50,6 +50,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from dynamo_relational.errors import OptionsError
+
 from . import triton_csr
 
 SEGMENT_REDUCTIONS = ("sum", "mean", "amax", "amin")
@@ -65,10 +67,8 @@ _EMPTY_VALUE = {"mean": float("nan"), "amax": float("-inf"), "amin": float("inf"
 def require_torch_scatter():
     """The ``torch_scatter`` module, or an ``OptionsError`` naming the option and how to install it."""
     try:
-        import torch_scatter
+        import torch_scatter   # (optional)
     except ImportError as exc:
-        from dynamo_relational.errors import OptionsError
-
         raise OptionsError(
             "option 'segment_provider' is 'torch_scatter', but torch-scatter is not installed "
             f"({exc}): install it with `pip install --no-build-isolation torch-scatter` (it builds from source "

@@ -33,9 +33,9 @@ import torch.fx as fx
 
 from dynamo_relational.ops import aggregate_fn, tensor_info
 from dynamo_relational.ops.aggregate import REDUCTIONS
+from dynamo_relational.ops.facts import is_zeros
 
 from .context import PassContext
-from .inplace import is_zeros
 
 _ADD = {operator.add, torch.add, "add", "__radd__"}
 _STACK_REDUCERS = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin",
@@ -43,7 +43,6 @@ _STACK_REDUCERS = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", tor
 
 
 _Node = fx.Node
-_ZERO_FACTORIES = (torch.zeros, torch.zeros_like)
 
 
 def _is_zero(value, like=None) -> bool:
@@ -53,12 +52,6 @@ def _is_zero(value, like=None) -> bool:
         return value == 0
     if like is None:
         return False
-    if kind is _Node:   # is_zeros' own first tests, without the call for the common non-zero node
-        op = value.op
-        if op == "call_function":
-            return value.target in _ZERO_FACTORIES and tensor_info(value) == like
-        if op != "get_attr":
-            return False
     return is_zeros(value) and tensor_info(value) == like
 
 

@@ -18,8 +18,9 @@ import operator
 
 import torch.fx as fx
 
+from dynamo_relational.ops.facts import writes
+
 from .context import PassContext
-from .inplace import is_in_place
 from .mode_regions import is_mode_switch
 from .vectorize import MAY_HAVE_EFFECTS
 
@@ -60,7 +61,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 node.target, node.args = "reshape", (inner.args[0] if len(inner.users) == 1 else inner, shape)
     # In-place ops, mode switches and the calls that vectorize marked (outside the catalog, or random) have
     # no users but must stay (FX counts neither mul_ nor the exit of inference mode as impure).
-    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or is_in_place(n) or is_mode_switch(n)
+    graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or writes(n) or is_mode_switch(n)
                               or MAY_HAVE_EFFECTS in n.meta)
     used = {n.target for n in graph.nodes if n.op == "get_attr"}
     for name in [name for name, _ in gm.named_buffers() if name.startswith("_relational_") and name not in used]:

@@ -27,9 +27,9 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops.matmul import LinearArgs, linear_args
 
 from .gather_nodes import as_gather
-from .linear_nodes import LinearArgs, linear_args
 
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 

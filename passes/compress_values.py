@@ -34,34 +34,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 
 from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import draws_random_numbers
+from dynamo_relational.ops.facts import moves_elements
+from dynamo_relational.ops.matmul import linear_args, product_operands
 
 from .context import PassContext
 from .gather_nodes import add_constant, as_gather, constant_value, rows as rows_of, set_rows_info, set_source
-from .linear_nodes import linear_args
 
 #: compress a node only when its distinct rows are at most this share of its rows
 RATIO = 0.75
 
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
-_LINEAR = {F.linear}
-_MATMUL = {torch.mm, torch.matmul, operator.matmul}
-#: data movement: the op applied to the ids gives the ids of the result
-_VIEW_METHODS = {"reshape", "view", "expand", "unsqueeze", "squeeze", "t", "transpose", "permute", "contiguous",
-                 "flatten", "narrow", "select", "repeat", "clone", "detach", "expand_as"}
-_VIEW_FUNCTIONS = {torch.reshape, torch.unsqueeze, torch.squeeze, torch.t, torch.transpose, torch.permute,
-                   torch.flatten, torch.narrow, torch.select, torch.cat, torch.stack, torch.clone,
-                   torch.detach, operator.getitem}
-
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if not ctx.options.value_compression or ctx.keep_order:
@@ -182,7 +172,7 @@ def value_numbers(gm: fx.GraphModule, read: list | None = None) -> dict[fx.Node,
         if info is None:   # views the vectorizer made carry no shape: their ids have the op's own
             source = node.args[0] if node.args else None
             source_info = tensor_info(source[0] if isinstance(source, (list, tuple)) and source else source)
-            if isinstance(found, torch.Tensor) and _is_view(node) and source_info is not None:
+            if isinstance(found, torch.Tensor) and moves_elements(node) and source_info is not None:
                 ids[node] = found
                 node.meta["rel_info"] = TensorInfo(tuple(found.shape), source_info.dtype, source_info.device)
         else:
@@ -235,28 +225,14 @@ def _propagate(gm, node: fx.Node, ids: dict, numbering: _Numbering) -> torch.Ten
         if not gather.reduces:   # (ids live on the CPU, whatever the graph's device)
             return base[gather.index.long().cpu()]
         return _reduced_ids(numbering, node.args[3], base, gather.offsets.long().cpu(), gather.index.long().cpu())
-    if _is_view(node):
+    if moves_elements(node):
         return _moved_ids(node, of)
-    if node.op == "call_function" and (target in _LINEAR or target in _MATMUL or target is torch.addmm):
+    if linear_args(node) is not None or product_operands(node) is not None or target is torch.addmm:
         return _product_ids(node, of, numbering)
     family = REGISTRY.family_of(node)
     if family is not None and family.name == "elementwise" and not draws_random_numbers(node):
         return _elementwise_ids(node, of, numbering)
     return None   # (a dropout's equal rows, or two dropouts of one row, are not equal values)
-
-
-def _is_view(node: fx.Node) -> bool:
-    """Data movement: the op applied to the operands' ids gives the result's ids."""
-    if node.op == "call_method":
-        return node.target in _VIEW_METHODS
-    if node.op != "call_function":
-        return False
-    try:
-        if node.target in _VIEW_FUNCTIONS:
-            return True
-    except TypeError:
-        return False
-    return node.target is getattr and len(node.args) == 2 and node.args[1] in ("T", "mT")
 
 
 def _moved_ids(node: fx.Node, of) -> torch.Tensor | None:
@@ -309,7 +285,7 @@ def _product_ids(node: fx.Node, of, numbering: _Numbering) -> torch.Tensor | Non
     row-aligned operands and the whole of the shared ones (``W @ h[i]`` for every ``i``)."""
     target, args = node.target, list(node.args)
     shape = tensor_info(node).shape
-    if target in _MATMUL and len(shape) >= 3:
+    if product_operands(node) is not None and len(shape) >= 3:
         operands = [of(a) if isinstance(a, fx.Node) else None for a in args[:2]]
         if any(o is None for o in operands) or node.kwargs:
             return None
@@ -318,10 +294,8 @@ def _product_ids(node: fx.Node, of, numbering: _Numbering) -> torch.Tensor | Non
                    for o in operands]
         rows = numbering.intern(("batched product", _target_key(target)), torch.stack(columns, 1))
         return _cells(numbering, rows, shape)
-    if target in _LINEAR:
-        linear = linear_args(node)
-        if linear is None:
-            return None
+    linear = linear_args(node)
+    if linear is not None:
         x, w, addend = linear
         x_ids, w_ids = of(x), of(w)
         w_ids = None if w_ids is None or w_ids.dim() != 2 else w_ids.t()
@@ -427,10 +401,10 @@ def _restrict(gm: fx.GraphModule, node: fx.Node, keep: torch.Tensor) -> bool:
 def _row_aligned_operands(node: fx.Node, info) -> list[fx.Node] | None:
     """The operands whose rows are ``node``'s rows, if ``node`` computes each row from those rows
     alone (elementwise ops, and the ``x`` of ``linear``/``mm``); None for any other op."""
-    target = node.target
     if info is None:
         return None
-    if target in _MATMUL and info.rank >= 3:
+    product = product_operands(node)
+    if product is not None and info.rank >= 3:
         operands = list(node.args[:2])
         infos = [tensor_info(a) if isinstance(a, fx.Node) else None for a in operands]
         if node.kwargs or any(i is None or i.rank > info.rank for i in infos):
@@ -440,14 +414,12 @@ def _row_aligned_operands(node: fx.Node, info) -> list[fx.Node] | None:
         if not aligned or any(i.rank == info.rank and i.shape[0] != 1 for i in shared):
             return None
         return list(dict.fromkeys(aligned))
-    if target in _LINEAR or target in _MATMUL:
-        linear = linear_args(node)
+    linear = linear_args(node)
+    if linear is not None or product is not None:
         if linear is not None:
             x, rest = linear.x, [linear.weight, linear.bias]
-        elif target in _MATMUL and node.args:
-            x, rest = node.args[0], [*node.args[1:], *node.kwargs.values()]
         else:
-            return None
+            x, rest = product[0], [product[1]]
         x_info = tensor_info(x)
         if x_info is None or x_info.rank != 2 or info.rank != 2 or x in rest:
             return None

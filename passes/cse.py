@@ -20,8 +20,9 @@ from torch.fx.immutable_collections import immutable_list
 from dynamo_relational.ops import REGISTRY
 from dynamo_relational.ops.elementwise import RANDOM_IN_TRAINING, draws_random_numbers
 
+from dynamo_relational.ops.facts import is_factory, is_view, target_makes_tensor, target_writes, writes
+
 from .context import PassContext
-from .inplace import is_in_place, target_in_place
 
 
 class _Unhashable(Exception):
@@ -66,50 +67,6 @@ def _freeze_general(value):
     except TypeError:
         raise _Unhashable
     return (type(value).__name__, value)
-
-
-_VIEW_ATTRIBUTES = {"T", "mT", "H", "mH"}
-_VIEW_METHODS = {"t", "transpose", "permute", "contiguous", "expand", "detach"}
-_VIEW_FUNCTIONS = {torch.t, torch.transpose, torch.permute}
-
-
-_FACTORIES = {torch.zeros, torch.ones, torch.full, torch.zeros_like, torch.ones_like, torch.full_like,
-              torch.tensor, torch.arange, torch.eye}
-#: legacy constructors: ``torch.Tensor([1, 2])`` copies its data (a factory), ``torch.Tensor(n, d)`` is
-#: uninitialized memory of that size (``passes/row_writes.py``)
-LEGACY_CONSTRUCTORS = (torch.Tensor, torch.FloatTensor, torch.DoubleTensor, torch.HalfTensor, torch.BFloat16Tensor,
-                       torch.LongTensor, torch.IntTensor)
-#: their method forms (``x.new_zeros(8)``): the receiver gives only dtype and device, never values
-_FACTORY_METHODS = {"new_zeros", "new_ones", "new_full", "new_tensor"}
-
-
-def is_factory(node: fx.Node) -> bool:
-    """Deterministic tensor factories (``torch.zeros(8)`` or ``x.new_zeros(8)`` once per neuron): equal
-    calls, equal values. Merging them is legal because no in-place op is left to write into one of them."""
-    if node.op == "call_method":
-        return node.target in _FACTORY_METHODS
-    if node.op != "call_function":
-        return False
-    if node.target in LEGACY_CONSTRUCTORS:   # torch.LongTensor([3]) copies its data; LongTensor(3) is uninitialized
-        return len(node.args) == 1 and isinstance(node.args[0], (list, tuple)) and not node.kwargs
-    try:
-        return node.target in _FACTORIES
-    except TypeError:
-        return False
-
-
-def _is_pure_view(node: fx.Node) -> bool:
-    """Layout-only ops outside the catalog (``W.T``, ``W.t()``): merging them keeps weights shared."""
-    if node.op == "call_method":
-        return node.target in _VIEW_METHODS
-    if node.op != "call_function":
-        return False
-    if node.target is getattr:
-        return len(node.args) == 2 and node.args[1] in _VIEW_ATTRIBUTES
-    try:
-        return node.target in _VIEW_FUNCTIONS
-    except TypeError:
-        return False
 
 
 #: Constants up to this many bytes are compared by value.
@@ -157,7 +114,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             if skip is _DEPENDS:
                 skip = _skipped(node)
             elif not skip and kwargs and (kwargs.get("inplace") is True or kwargs.get("out") is not None):
-                skip = True   # is_in_place's check of the keywords, the rest of it is in _skipped_by_target
+                skip = True   # writes' check of the keywords, the rest of it is in _skipped_by_target
             if skip:
                 continue
             try:
@@ -176,8 +133,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 def _skipped(node: fx.Node) -> bool:
     """Nodes that never merge: ops outside the catalog that are not known pure views or
     factories, in-place ops, and dropout in training (two calls, two masks)."""
-    return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not is_factory(node)) \
-        or is_in_place(node) or draws_random_numbers(node)
+    return (REGISTRY.family_of(node) is None and not is_view(node) and not is_factory(node)) \
+        or writes(node) or draws_random_numbers(node)
 
 
 def _is_dropout(target) -> bool:
@@ -195,12 +152,11 @@ def _skipped_by_target(node: fx.Node):
     """:func:`_skipped` for every node of ``node``'s op and target, leaving out the check of the
     ``inplace=``/``out=`` keywords (the caller makes it per node); :data:`_DEPENDS` where the
     arguments decide. Every part of it depends on the op and target alone except
-    ``_is_pure_view`` of ``getattr``, whether a dropout is in training, and the family of a
-    target whose calls are in the catalog by their arguments (:meth:`Registry.per_call`)."""
+    ``is_view`` of ``getattr``, whether a dropout is in training, whether a factory's arguments are constants,
+    and the family of a target whose calls are in the catalog by their arguments (:meth:`Registry.per_call`)."""
     op, target = node.op, node.target
-    if op == "call_function" and (target is getattr or _is_dropout(target)):
+    if op == "call_function" and (target is getattr or _is_dropout(target)) or target_makes_tensor(op, target):
         return _DEPENDS
     if op in ("call_function", "call_method") and REGISTRY.per_call(op, target):
         return _DEPENDS   # (torch.max(a, b) is in the catalog, torch.max(a) not)
-    return (REGISTRY.family_of(node) is None and not _is_pure_view(node) and not is_factory(node)) \
-        or target_in_place(op, target)
+    return (REGISTRY.family_of(node) is None and not is_view(node)) or target_writes(op, target)

@@ -44,19 +44,9 @@ import torch.fx as fx
 
 from dynamo_relational.ops import tensor_info
 from dynamo_relational.ops.elementwise import draws_random_numbers
+from dynamo_relational.ops.facts import aliased_operands, may_alias, writes
 
 from .context import PassContext
-from .inplace import is_in_place
-
-#: ops (function ``__name__`` or method name) whose result may be a view of an operand, or the operand itself
-VIEW_OPS = frozenset((
-    "getitem", "__getitem__", "getattr", "view", "view_as", "reshape", "reshape_as", "narrow", "select", "squeeze",
-    "unsqueeze", "transpose", "swapaxes", "swapdims", "t", "permute", "movedim", "moveaxis", "expand", "expand_as",
-    "flatten", "unflatten", "unbind", "split", "chunk", "tensor_split", "as_strided", "detach", "diagonal", "unfold",
-    "contiguous", "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "bool", "cpu",
-    "cuda", "real", "imag", "view_as_real", "view_as_complex", "alias", "requires_grad_", "values", "indices",
-    "dropout"))   # dropout outside training returns its input
-
 
 @dataclass(frozen=True)
 class OutputAliases:
@@ -74,15 +64,6 @@ class OutputAliases:
     bases: tuple[fx.Node, ...] = ()
 
 
-def may_alias(node: fx.Node) -> bool:
-    """Whether ``node`` may return (a view of) one of its tensor operands instead of a new tensor."""
-    if node.op == "call_module" or is_in_place(node):   # an in-place op returns its receiver
-        return True
-    if node.op == "call_method":
-        return node.target in VIEW_OPS
-    return node.op == "call_function" and getattr(node.target, "__name__", None) in VIEW_OPS
-
-
 def _roots(value, memo: dict) -> frozenset:
     """The nodes (computed tensors, placeholders, attributes) whose memory ``value`` may share. Iterative:
     a chain of views can be longer than Python's recursion limit."""
@@ -96,21 +77,13 @@ def _roots(value, memo: dict) -> frozenset:
         elif node.op in _INPUTS or not may_alias(node):
             memo[node] = frozenset({node})
         else:
-            operands = _aliased_operands(node)
+            operands = aliased_operands(node)
             pending = [a for a in operands if a not in memo]
             if pending:
                 stack.extend(pending)
             else:
                 memo[node] = frozenset().union(*(memo[a] for a in operands))
     return memo[value]
-
-
-def _aliased_operands(node: fx.Node) -> list[fx.Node]:
-    """The operands whose memory the result of ``node`` (:func:`may_alias`) may share: a view's first operand,
-    the tensor it views (not the index of ``h[index]``); any operand of a module or an in-place op (``out=``)."""
-    if node.op != "call_module" and not is_in_place(node) and node.args and isinstance(node.args[0], fx.Node):
-        return [node.args[0]]
-    return node.all_input_nodes
 
 
 _INPUTS = ("placeholder", "get_attr")
@@ -159,7 +132,7 @@ def _view_chain(value: fx.Node) -> fx.Graph | None:
             done.add(node)
             order.append(node)
             continue
-        if node.op == "call_module" or is_in_place(node) or not may_alias(node) or draws_random_numbers(node):
+        if node.op == "call_module" or writes(node) or not may_alias(node) or draws_random_numbers(node):
             return None
         stack.append((node, True))
         stack.extend((a, False) for a in node.all_input_nodes)
@@ -209,7 +182,7 @@ def replayable_view(node: fx.Node) -> bool:
     """A view of its first argument, the only node it reads, that running again changes nothing else
     (not an in-place op, not dropout in training, which would draw random numbers)."""
     inputs = node.all_input_nodes
-    return node.op in ("call_function", "call_method") and may_alias(node) and not is_in_place(node) \
+    return node.op in ("call_function", "call_method") and may_alias(node) and not writes(node) \
         and len(inputs) == 1 and bool(node.args) and node.args[0] is inputs[0] and not draws_random_numbers(node)
 
 
@@ -372,7 +345,7 @@ def _rebuilt_over(graph: fx.Graph, output: fx.Node, root: fx.Node, copy: fx.Node
             if root not in memo.get(node, ()):
                 return node
             with graph.inserting_before(output):
-                if node.op == "call_module" or is_in_place(node):
+                if node.op == "call_module" or writes(node):
                     new = graph.call_method("clone", (node,))
                     new.meta = dict(node.meta)
                 else:

@@ -24,9 +24,9 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from dynamo_relational.ops import tensor_info
+from dynamo_relational.ops.matmul import LinearArgs, linear_args
 
 from .context import PassContext
-from .linear_nodes import LinearArgs, linear_args
 
 _ADD = (torch.add, operator.add)
 

@@ -34,10 +34,10 @@ import torch.nn.functional as F
 
 from dynamo_relational import cost
 from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops.matmul import linear_args
 
 from .context import PassContext
 from .gather_nodes import as_gather
-from .linear_nodes import linear_args
 
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 

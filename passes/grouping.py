@@ -31,10 +31,10 @@ import torch.fx as fx
 
 from dynamo_relational.ops import NeuronOp, describe
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
+from dynamo_relational.ops.facts import is_factory
 
 from . import schedule
 from .context import PassContext
-from .cse import is_factory
 
 
 @dataclass

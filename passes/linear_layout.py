@@ -37,9 +37,9 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from dynamo_relational.autotune import median_ms
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import ELEMENTWISE
+from dynamo_relational.ops.matmul import linear_args
 
 from .context import PassContext
-from .linear_nodes import linear_args
 
 #: the transposed form must save at least this fraction of the plain form's time
 MARGIN = 0.1

@@ -26,19 +26,17 @@ backward).
 """
 from __future__ import annotations
 
-import operator
 
 import torch
 import torch.fx as fx
 
 from dynamo_relational.ops import TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import row_wise
+from dynamo_relational.ops.matmul import linear_args, product_operands
 
 from .context import PassContext
 from .gather_nodes import as_gather, rows, set_source
-from .linear_nodes import linear_args
 
-_MATMUL = {torch.matmul, operator.matmul, torch.mm}
 _BOUNDED = (torch.clamp, torch.clip)  # clamp's bounds may be tensors
 
 
@@ -81,7 +79,7 @@ def _result_row(user: fx.Node, operand: fx.Node) -> TensorInfo:
     linear = linear_args(user)
     if linear is not None:
         shape = (tensor_info(linear.weight).shape[0],)
-    elif user.target in _MATMUL:
+    elif product_operands(user) is not None:
         shape = (tensor_info(user.args[1]).shape[1],)
     else:
         shape = x.shape[1:]
@@ -100,8 +98,8 @@ def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
     if linear is not None:
         bias = tensor_info(linear.bias)
         return info is not None and linear.on_rows() and (linear.bias is None or (bias is not None and bias.rank == 1))
-    if user.target in _MATMUL:
-        weight, x = tensor_info(user.args[1]) if len(user.args) > 1 else None, tensor_info(operand)
+    if product_operands(user) is not None:
+        weight, x = tensor_info(user.args[1]), tensor_info(operand)
         return info is not None and weight is not None and weight.rank == 2 and x is not None and x.rank == 2
     # an elementwise op of this operand and constants; its result's rows are like the operand's (_result_row)
     return row_wise(user) and user.target not in _BOUNDED and not any(isinstance(a, fx.Node) for a in rest) \

@@ -28,13 +28,10 @@ import torch
 import torch.fx as fx
 
 from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops.facts import LEGACY_CONSTRUCTORS, is_zeros, makes_tensor, uninitialized, writes
 
 from .context import PassContext
-from .cse import LEGACY_CONSTRUCTORS
-from .inplace import is_in_place, is_zeros
 from .mode_regions import is_mode_switch
-
-_EMPTY_FUNCTIONS = (torch.empty, torch.empty_like)
 
 
 def _new_tensor(node: fx.Node) -> str | None:
@@ -43,8 +40,7 @@ def _new_tensor(node: fx.Node) -> str | None:
         return None   # a constant is shared by every call (the fast front-end records the factories written into)
     if is_zeros(node):
         return "zeros"
-    if (node.op == "call_function" and node.target in _EMPTY_FUNCTIONS) or \
-            (node.op == "call_method" and node.target == "new_empty"):
+    if makes_tensor(node) and uninitialized(node):
         return "empty"
     if (node.op == "call_function" and node.target in LEGACY_CONSTRUCTORS and node.args and not node.kwargs
             and all(type(a) is int for a in node.args)):
@@ -69,7 +65,7 @@ def _writes_between(first: fx.Node, last: fx.Node, own: set) -> bool:
     the rows at ``last``, in the mode there."""
     node = first.next
     while node is not last:
-        if (node not in own and is_in_place(node)) or is_mode_switch(node):
+        if (node not in own and writes(node)) or is_mode_switch(node):
             return True
         node = node.next
     return False

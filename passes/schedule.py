@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Hashable, Sequence
 
+import numpy as np
+
 
 def asap_depths(preds: Sequence[Sequence[int]]) -> list[int]:
     depth = [0] * len(preds)
@@ -105,8 +107,6 @@ def lower_bound(preds, signatures, depth=None) -> int:
     """ED-Batch's lower bound on the number of groups of any legal schedule:
     max(longest path, alone units + sum over signatures of the most units of
     that signature on one path)."""
-    import numpy as np
-
     depth = depth or asap_depths(preds)
     longest = (max(depth) + 1) if depth else 0
     kinds = {sig: j for j, sig in enumerate(dict.fromkeys(s for s in signatures if s is not None))}

@@ -23,11 +23,12 @@ import torch
 import torch.fx as fx
 
 from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
+from dynamo_relational.kernels.segment import csr_offsets
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import draws_random_numbers
+from dynamo_relational.ops.facts import is_factory
 
 from .context import PassContext
-from .cse import is_factory
 
 
 #: a gather from several sources concatenates them only while that copies at most this many times the rows
@@ -240,14 +241,10 @@ class GroupBuilder:
         return self.constant(torch.tensor(values, dtype=torch.long, device=device), "index")
 
     def csr(self, counts: list[int], device) -> fx.Node:
-        from dynamo_relational.kernels.segment import csr_offsets
-
         return self.constant(csr_offsets(counts, device), "offsets")
 
     def gather_reduce(self, base: fx.Node, rows: list[int], counts: list[int], reduce: str, device) -> fx.Node:
         """``reduce`` over consecutive runs (of sizes ``counts``) of the rows ``rows`` of ``base``, fused."""
-        from dynamo_relational.kernels.segment import csr_offsets
-
         index = torch.tensor(rows, dtype=torch.long, device=device)
         csr = pack_csr(csr_offsets(counts, device), index, self.size[base])
         node = self.graph.call_function(torch.ops.dynamo_relational.gather_reduce.default,

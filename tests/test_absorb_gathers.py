@@ -8,7 +8,7 @@ from torch import nn
 
 from examples.data import graph_batch
 from examples.styles import STYLES
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import assert_fast_compile_matches_eager
 
 
 class RepeatedSums(nn.Module):

@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
-
-NEIGHBORS = [[1, 2], [0], [0, 1, 3], [2], [5], [4, 0], [7, 8, 9], [6], [1], [2, 3]]
+from tests.helpers import (STATISTICS_NEIGHBORS as NEIGHBORS, Statistics, assert_fast_compile_matches_eager,
+                           report_matching_eager)
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,24 +74,6 @@ def test_softmax_without_dim_takes_torchs_implicit_dim_and_groups(front_end):
     report = report_matching_eager(front_end, ImplicitDims(), *inputs, inductor=False)
     assert not report.ungrouped, report.ungrouped
     assert report.nodes_after < report.nodes_before / 5
-
-
-class Statistics(nn.Module):
-    """PNA-style statistics of each neuron's stacked messages, in the forms std and var are called."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4, dtype=torch.float64)
-
-    def forward(self, x, planes):
-        out = []
-        for v, nbrs in enumerate(NEIGHBORS):
-            m = torch.stack([self.lin(x[u]) for u in nbrs + [v]])   # at least two messages: std is defined
-            p = planes[v]
-            out.append(torch.cat([m.mean(0), m.std(0), m.std(0, unbiased=False), torch.var(m, dim=0, correction=0),
-                                  torch.std(m, False).reshape(1), m.var().reshape(1), torch.std(m, 0, True),
-                                  p.var(dim=(0, 1), keepdim=True).reshape(1), p.std(-1, correction=2)]))
-        return torch.stack(out)
 
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])

@@ -6,7 +6,7 @@ import torch
 from dynamo_relational.autotune import fastest
 from examples.data import graph_batch
 from examples.gcn import ScalarGCN
-from tests.conftest import assert_compiled_matches_eager
+from tests.helpers import assert_compiled_matches_eager
 
 
 def test_fastest_picks_the_faster_forward():

@@ -9,8 +9,7 @@ from torch import nn
 import dynamo_relational
 from dynamo_relational import Options, OptionsError
 from dynamo_relational.ops.aggregate import aggregate
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import report_matching_eager
+from tests.helpers import assert_compiled_matches_eager, report_matching_eager
 
 
 def test_backend_is_found_in_a_fresh_interpreter():

@@ -11,31 +11,7 @@ from torch import nn
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MoleculeGCN, MoleculeGIN, TreeLSTM, TreeRNN, dataset
-from tests.conftest import warnings_logged
-
-TOLERANCE = dict(rtol=1e-8, atol=1e-10)
-
-
-def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], through_union: bool = True) -> None:
-    """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's;
-    with ``through_union``, every sample ran from the grouped union."""
-    inputs = [tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in s)
-              for s in batch]
-    unbatched = (batched.report.eager_samples, batched.report.unbatched)
-    got = batched(inputs)
-    if through_union:
-        assert (batched.report.eager_samples, batched.report.unbatched) == unbatched, batched.report
-    want = [model(*s) for s in inputs]
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, **TOLERANCE)
-    weights = [torch.randn_like(w) for w in want]
-    wrt = list(model.parameters()) + [a for s in inputs for a in s if isinstance(a, torch.Tensor)]
-    got_grads = torch.autograd.grad(sum((g * c).sum() for g, c in zip(got, weights)), wrt)
-    want_grads = torch.autograd.grad(sum((w * c).sum() for w, c in zip(want, weights)), wrt)
-    for g, w in zip(got_grads, want_grads):
-        torch.testing.assert_close(g, w, **TOLERANCE)
-
+from tests.helpers import BATCH_TOLERANCE, assert_batches_match_eager, warnings_logged
 
 @pytest.mark.parametrize("kind, model_class", [("treernn", TreeRNN), ("treelstm", TreeLSTM), ("gcn", MoleculeGCN),
                                                ("gin", MoleculeGIN)])
@@ -176,7 +152,7 @@ def test_samples_may_return_structured_results_with_constants():
     want = [model(*s) for s in batch]
     for g, w in zip(got, want):
         assert g.keys() == w.keys() and g["about"] == w["about"]
-        torch.testing.assert_close(g["root"], w["root"], **TOLERANCE)
+        torch.testing.assert_close(g["root"], w["root"], **BATCH_TOLERANCE)
 
 
 def test_switching_to_eval_traces_again():

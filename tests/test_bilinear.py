@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
+from tests.helpers import assert_fast_compile_matches_eager, report_matching_eager
 
 ENTITIES, WIDTH = 12, 4
 #: (head, relation, tail)

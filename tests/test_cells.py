@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
+from tests.helpers import assert_fast_compile_matches_eager, report_matching_eager
 
 NEIGHBORS = [[1, 2], [0], [0, 1, 3], [2], [5], [4, 0], [7, 8, 9], [6], [1], [2, 3]]
 WIDTH = 4

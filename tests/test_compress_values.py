@@ -6,46 +6,10 @@ import torch
 from torch import nn
 
 import dynamo_relational
-from examples.data import graph_batch
-from tests.conftest import TOLERANCE, warnings_logged
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import (TOLERANCE, FactGCN, assert_fast_compile_matches_eager, compressed_rows, fact_gcn,
+                           warnings_logged)
 
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
-
-
-class FactGCN(nn.Module):
-    """A scalar-granular GCN over a grounded graph whose atom features are facts in a buffer (one of
-    a few atom types each), the way NeuraLogic networks carry them: many atoms read equal facts, and
-    atoms with equal multisets of neighbour types compute equal values."""
-
-    def __init__(self, features: torch.Tensor, in_nbrs: list[list[int]], hidden: int = 6,
-                 features_as_input: bool = False):
-        super().__init__()
-        self.in_nbrs = in_nbrs
-        self.features_as_input = features_as_input
-        self.register_buffer("facts", features)
-        self.conv1 = nn.Linear(features.shape[1], hidden)
-        self.conv2 = nn.Linear(hidden, hidden)
-        self.scale = nn.Parameter(torch.ones(hidden))   # equal values at the start: never merged by value
-
-    def forward(self, x=None):
-        x = self.facts if x is None else x
-        h = [x[v] for v in range(x.shape[0])]
-        for conv in (self.conv1, self.conv2):
-            h = [torch.tanh(sum((conv.weight @ h[u] for u in nbrs), conv.bias)) for nbrs in self.in_nbrs]
-        return torch.stack([self.scale * h[v] for v in range(len(h))]).sum(1)
-
-
-def fact_gcn(dtype=torch.float64, types: int = 3, graphs: int = 4, **kwargs) -> FactGCN:
-    torch.manual_seed(0)
-    batch = graph_batch("mutagenesis", graphs=graphs, dtype=dtype)
-    kinds = torch.randint(0, types, (batch.num_nodes,))
-    features = torch.eye(types, dtype=dtype)[kinds]
-    return FactGCN(features, batch.in_neighbors(), **kwargs).to(dtype)
-
-
-def _compressed(compiled) -> list[str]:
-    return compiled.report.graphs[0].stats.get("rows_compressed", [])
 
 
 def _reduced_rows(compiled) -> int:
@@ -57,7 +21,7 @@ def test_rows_that_read_equal_facts_are_computed_once(dtype):
     model = fact_gcn(dtype)
     plain = dynamo_relational.compile(model, (), strict=True)
     compressed = assert_fast_compile_matches_eager(model, value_compression=True)
-    assert _compressed(compressed), "no node was compressed"
+    assert compressed_rows(compressed), "no node was compressed"
     assert _reduced_rows(compressed) < _reduced_rows(plain)
     assert "value compression" in str(compressed.report)
 
@@ -69,7 +33,7 @@ def test_compressed_model_matches_eager_through_training():
     twin = fact_gcn()
     twin.load_state_dict(model.state_dict())
     compiled = dynamo_relational.compile(model, (), strict=True, value_compression=True)
-    assert _compressed(compiled)
+    assert compressed_rows(compiled)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (model, twin)]
     for _ in range(3):
         losses = [(compiled() ** 2).sum(), (twin() ** 2).sum()]
@@ -85,7 +49,7 @@ def test_inputs_are_never_compared_by_value():
     """The same features passed as an input: equal rows today may differ on the next call."""
     model = fact_gcn(features_as_input=True)
     compiled = assert_fast_compile_matches_eager(model, model.facts.clone(), value_compression=True)
-    assert not _compressed(compiled)
+    assert not compressed_rows(compiled)
     other = torch.randn_like(model.facts)
     torch.testing.assert_close(compiled(other), model(other), **TOLERANCE[torch.float64])
 
@@ -118,7 +82,7 @@ def test_distinct_facts_leave_the_graph_alone():
     model = fact_gcn(types=1)
     model.facts = torch.randn_like(model.facts)   # every atom its own values
     compiled = assert_fast_compile_matches_eager(model, value_compression=True)
-    assert not _compressed(compiled)
+    assert not compressed_rows(compiled)
 
 
 def test_off_by_default():
@@ -145,7 +109,7 @@ def test_facts_changed_in_place_after_compiling_are_traced_again_by_the_fast_fro
     counter on every call, as it does plain attributes, and traces again."""
     model = fact_gcn(graphs=2)
     compiled = dynamo_relational.compile(model, (), value_compression=True, strict=True)
-    assert _compressed(compiled)
+    assert compressed_rows(compiled)
     _new_facts(model)
     with warnings_logged() as warnings:
         torch.testing.assert_close(compiled(), model(), **TOLERANCE[torch.float64])

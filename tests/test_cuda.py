@@ -22,9 +22,10 @@ from dynamo_relational.kernels.segment import csr_offsets, segment_reduce
 from benchmarks.idioms import IDIOMS
 from examples.data import graph_batch
 from examples.styles import STYLES
-from tests.conftest import TOLERANCE, assert_compiled_matches_eager
-from tests.test_examples import BUILDERS
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import (BUILDERS, ELEMENTWISE_ROWS, ELEMENTWISE_WIDTH, LAYOUT_ROWS, POOLING_NEIGHBORS,
+                           STATISTICS_NEIGHBORS, TOLERANCE, Layouts, PerNeuronScalars, Pooling, Statistics,
+                           assert_batches_match_eager, assert_compiled_matches_eager,
+                           assert_fast_compile_matches_eager, compressed_rows, fact_gcn)
 
 # (the package exports the op under the module's name)
 gather_reduce_module = importlib.import_module("dynamo_relational.kernels.gather_reduce")
@@ -235,23 +236,20 @@ def test_idioms_on_cuda_match_eager_and_group(name):
 def test_per_neuron_scalars_layouts_and_value_index_pairs_on_cuda_match_eager(name):
     """Per-neuron scalar columns (and a clamp bound as a 0-d constant), layout ops, ``values_or_indices``
     and ``std`` on the GPU, through Inductor."""
-    from tests.test_along import NEIGHBORS as STAT_ROWS, Statistics
-    from tests.test_elementwise import ROWS, WIDTH, PerNeuronScalars
-    from tests.test_layout_ops import ROWS as LAYOUT_ROWS, Layouts
-    from tests.test_values_indices import NEIGHBORS as POOL_ROWS, Pooling
-
     torch.manual_seed(0)
     d = dict(device="cuda", dtype=torch.float64)
     if name.startswith("scalars"):
         dtype = torch.float64 if name == "scalars64" else torch.float32
-        x = ((torch.randn(ROWS, WIDTH) * 10).round() / 10).to(device="cuda", dtype=dtype)   # on the thresholds too
+        x = ((torch.randn(ELEMENTWISE_ROWS, ELEMENTWISE_WIDTH) * 10).round() / 10   # on the thresholds too
+             ).to(device="cuda", dtype=dtype)
         model, inputs = PerNeuronScalars(dtype), (x,)
     elif name == "layouts":
         model, inputs = Layouts(), (torch.randn(LAYOUT_ROWS, 3, **d), torch.randn(LAYOUT_ROWS, 2, 3, **d))
     elif name == "pooling":
-        model, inputs = Pooling(), (torch.randn(len(POOL_ROWS), 4, **d),)
+        model, inputs = Pooling(), (torch.randn(len(POOLING_NEIGHBORS), 4, **d),)
     else:
-        model, inputs = Statistics(), (torch.randn(len(STAT_ROWS), 4, **d), torch.randn(len(STAT_ROWS), 2, 3, **d))
+        model, inputs = Statistics(), (torch.randn(len(STATISTICS_NEIGHBORS), 4, **d),
+                                       torch.randn(len(STATISTICS_NEIGHBORS), 2, 3, **d))
     assert_fast_compile_matches_eager(model.cuda(), *inputs)
 
 
@@ -259,16 +257,14 @@ def test_per_neuron_scalars_layouts_and_value_index_pairs_on_cuda_match_eager(na
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_value_compression_on_cuda_matches_eager(dtype):
     """``value_compression`` numbers the rows on the CPU and puts its index constants on the GPU."""
-    from tests.test_compress_values import _compressed, fact_gcn
     model = fact_gcn(dtype).cuda()
     compiled = assert_fast_compile_matches_eager(model, value_compression=True)
-    assert _compressed(compiled), "no node was compressed"
+    assert compressed_rows(compiled), "no node was compressed"
 
 
 @needs_cuda
 def test_value_compression_through_torch_compile_on_cuda():
     """Under Dynamo the facts buffer arrives as a graph input on the GPU, and is still read by value."""
-    from tests.test_compress_values import fact_gcn
     model = fact_gcn(graphs=2).cuda()
     report = assert_compiled_matches_eager(model, value_compression=True)
     assert any(g.stats.get("rows_compressed") for g in report.graphs)
@@ -279,7 +275,6 @@ def test_value_compression_through_torch_compile_on_cuda():
 def test_batches_of_samples_on_cuda_equal_eager(kind):
     """``dynamo_relational.batch`` on the GPU: each batch's index tensors, made in numpy, reach the device."""
     from examples.per_sample import MODELS, dataset
-    from tests.test_batching import assert_batches_match_eager
     torch.manual_seed(0)
     data = [(s, x.cuda()) for s, x in dataset(kind, 12, features=4, dtype=torch.float64)]
     model = MODELS[kind][0](4, hidden=6).double().cuda()

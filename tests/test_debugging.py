@@ -11,7 +11,7 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.passes import postpone_gathers
-from tests.conftest import assert_compiled_matches_eager
+from tests.helpers import assert_compiled_matches_eager
 
 
 class TwoHop(nn.Module):

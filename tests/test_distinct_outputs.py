@@ -9,7 +9,7 @@ from torch import fx, nn
 
 import dynamo_relational
 from dynamo_relational.passes.distinct_outputs import output_aliases
-from tests.conftest import TOLERANCE
+from tests.helpers import TOLERANCE
 
 
 def _compile(front_end, model, x, **options):

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_frontend import report_matching_eager
+from tests.helpers import report_matching_eager
 
 NEIGHBORS = [[1, 2], [0], [0, 1, 3], [2], [0]]
 

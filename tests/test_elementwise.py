@@ -5,14 +5,11 @@ import types
 
 import pytest
 import torch
-import torch.fx as fx
 from torch import nn
 
 import dynamo_relational
-from dynamo_relational.passes.inplace import is_in_place, target_in_place
-from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
-
-ROWS, WIDTH = 16, 4
+from tests.helpers import (ELEMENTWISE_ROWS as ROWS, ELEMENTWISE_WIDTH as WIDTH, PerNeuronScalars,
+                           assert_fast_compile_matches_eager, report_matching_eager)
 
 
 class Masks(nn.Module):
@@ -45,24 +42,6 @@ def test_masks_comparisons_and_casts_group_and_match_eager(front_end):
     report = report_matching_eager(front_end, model, *_inputs(), inductor=front_end == "backend")
     assert not report.ungrouped, report.ungrouped   # (``&`` was taken for an in-place op: nothing grouped)
     assert report.nodes_after < report.nodes_before / 10
-
-
-class PerNeuronScalars(nn.Module):
-    """A threshold, exponent, bound and fill value of its own for each neuron (Python floats)."""
-
-    def __init__(self, dtype):
-        super().__init__()
-        self.lin = nn.Linear(WIDTH, WIDTH, dtype=dtype)
-        self.t = [round(0.1 * v - 0.8, 1) for v in range(ROWS)]   # 0.1 steps: exact ties with float32 rows
-
-    def forward(self, x):
-        out = []
-        for v in range(ROWS):
-            h, t = self.lin(x[v]), self.t[v]
-            above = (h > t) & torch.le(h, t + 1) | (x[v] == t)
-            out.append(torch.where(above, h, t) + h.clamp(min=t) + torch.clamp(h, -1.0, t + 1) + h.abs() ** (1 + abs(t))
-                       + h.masked_fill(h < t, t) + (2.0 + t) ** h + above.to(h.dtype))
-        return torch.stack(out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -132,14 +111,6 @@ def test_math_functions_and_activations_group_and_match_eager(front_end, methods
     assert report.nodes_after < report.nodes_before / 10
 
 
-def test_operators_and_or_not_are_not_in_place():
-    """Their names end in ``_`` like in-place methods (``add_``); the in-place ``&=`` is ``iand``."""
-    import operator
-
-    assert not any(target_in_place("call_function", f) for f in (operator.and_, operator.or_, operator.not_))
-    assert target_in_place("call_function", operator.iand) and target_in_place("call_method", "masked_fill_")
-
-
 def test_masked_fill_with_a_tensor_value_per_neuron_is_left_ungrouped_and_right():
     """Batched, a value that differs per neuron would no longer be one 0-d tensor."""
     class PerNeuronFill(nn.Module):
@@ -148,14 +119,6 @@ def test_masked_fill_with_a_tensor_value_per_neuron_is_left_ungrouped_and_right(
 
     report = assert_fast_compile_matches_eager(PerNeuronFill(), _inputs()[0], inductor=False).report.graphs[0]
     assert "masked_fill with a tensor value" in report.ungrouped
-
-
-def test_an_out_argument_of_none_is_not_in_place():
-    """``F.normalize`` passes ``out=None`` on: it writes no output, so the graph may still be grouped."""
-    graph = fx.Graph()
-    x = graph.placeholder("x")
-    assert not is_in_place(graph.call_function(torch.nn.functional.normalize, (x,), {"dim": 0, "out": None}))
-    assert is_in_place(graph.call_function(torch.add, (x, 1.0), {"out": x}))
 
 
 class InPlaceActivations(nn.Module):

@@ -4,21 +4,9 @@ import torch
 
 from examples.data import graph_batch, random_forest
 from examples.gcn import ScalarGCN
-from examples.gin import ScalarGIN
-from examples.lrnn import ScalarLRNN
-from examples.rgcn import ScalarRGCN
-from examples.sage import ScalarSAGE
 from examples.tree_lstm import ScalarTreeLSTM
 from examples.tree_rnn import ScalarTreeRNN
-from tests.conftest import assert_compiled_matches_eager
-
-BUILDERS = {
-    "gcn": lambda b: ScalarGCN(b, b.x.shape[1]),
-    "sage": lambda b: ScalarSAGE(b, b.x.shape[1]),
-    "gin": lambda b: ScalarGIN(b, b.x.shape[1], layers=3),
-    "rgcn": lambda b: ScalarRGCN(b, b.x.shape[1]),
-    "lrnn": lambda b: ScalarLRNN(b),
-}
+from tests.helpers import BUILDERS, assert_compiled_matches_eager
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

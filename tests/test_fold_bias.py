@@ -11,7 +11,7 @@ from dynamo_relational.options import Options
 from dynamo_relational.passes import PassContext, fold_bias
 from examples.data import graph_batch
 from examples.styles import AccumulatorGCN
-from tests.conftest import assert_compiled_matches_eager
+from tests.helpers import assert_compiled_matches_eager
 
 
 class BiasAfterProduct(nn.Module):

@@ -15,41 +15,7 @@ from examples.data import graph_batch, random_forest
 from examples.gcn import ScalarGCN
 from examples.sage import ScalarSAGE
 from examples.tree_lstm import ScalarTreeLSTM
-from tests.conftest import TOLERANCE, assert_compiled_matches_eager
-from tests.test_examples import BUILDERS
-
-
-def assert_fast_compile_matches_eager(model: nn.Module, *inputs: torch.Tensor, tolerance: dict | None = None,
-                                      **options):
-    """Compile with dynamo_relational.compile (strict), compare outputs and the gradients of all
-    parameters and inputs with eager; return the compiled module. ``tolerance`` replaces the output
-    dtype's (for a model that itself rounds through a lower precision)."""
-    options.setdefault("strict", True)
-    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
-    compiled = dynamo_relational.compile(model, leaves, **options)
-    compiled_out, eager_out = compiled(*leaves), model(*leaves)
-    tol = tolerance or TOLERANCE[eager_out.dtype]
-    torch.testing.assert_close(compiled_out, eager_out, **tol)
-    wrt = list(model.parameters()) + leaves
-    weights = torch.randn_like(eager_out)
-    got = torch.autograd.grad((compiled_out * weights).sum(), wrt, allow_unused=True)
-    want = torch.autograd.grad((eager_out * weights).sum(), wrt, allow_unused=True)
-    for (name, _), g, w in zip([*model.named_parameters(), *(("input", x) for x in leaves)], got, want):
-        if w is None:
-            assert g is None or torch.count_nonzero(g) == 0, name
-        else:
-            assert g is not None, name
-            torch.testing.assert_close(g, w, **tol, msg=lambda m: f"gradient of {name}: {m}")
-    return compiled
-
-
-def report_matching_eager(front_end: str, model: nn.Module, *inputs: torch.Tensor, **options):
-    """Compile ``model`` through ``front_end`` (``"backend"``: ``torch.compile`` by way of ``explain``;
-    ``"fast"``: ``dynamo_relational.compile``), check outputs and gradients against eager, and return
-    the graph's report."""
-    if front_end == "backend":
-        return assert_compiled_matches_eager(model, *inputs, **options).graphs[0]
-    return assert_fast_compile_matches_eager(model, *inputs, **options).report.graphs[0]
+from tests.helpers import BUILDERS, TOLERANCE, Recurrent, assert_fast_compile_matches_eager
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -588,21 +554,6 @@ def test_inference_compile_then_training_compiles_a_training_graph():
     out.sum().backward()
     expected = torch.autograd.grad(model(batch.x).sum(), model.readout.weight)[0]
     torch.testing.assert_close(model.readout.weight.grad, expected, **TOLERANCE[torch.float32])
-
-
-class Recurrent(nn.Module):
-    """A recurrent cell over the rows of ``x``, cycled through: one neuron per step, each reading the last."""
-
-    def __init__(self, steps: int = 20, width: int = 3):
-        super().__init__()
-        self.steps = steps
-        self.cell = nn.Linear(width, width, dtype=torch.float64)
-
-    def forward(self, x):
-        h = x[0]
-        for step in range(self.steps):
-            h = torch.tanh(self.cell(h) + x[step % x.shape[0]])
-        return h
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])

@@ -8,8 +8,7 @@ from torch import nn
 
 from examples.data import graph_batch
 from examples.gcn import ScalarGCN
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import assert_compiled_matches_eager, assert_fast_compile_matches_eager
 
 
 def _stat(report, name):

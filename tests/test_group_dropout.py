@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
-from tests.conftest import TOLERANCE
+from tests.helpers import TOLERANCE
 
 NEURONS, WIDTH, P = 40, 64, 0.3
 

@@ -7,8 +7,7 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import TOLERANCE, assert_compiled_matches_eager, warnings_logged
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import TOLERANCE, assert_compiled_matches_eager, assert_fast_compile_matches_eager, warnings_logged
 
 NBRS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4], [1]]
 EXACT = TOLERANCE[torch.float64]

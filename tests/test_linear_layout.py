@@ -10,7 +10,7 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.passes import linear_layout
-from tests.conftest import assert_compiled_matches_eager
+from tests.helpers import assert_compiled_matches_eager
 
 
 class RowsThenSum(nn.Module):

@@ -9,8 +9,8 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import TOLERANCE, assert_as_close_to_float64_as_eager, assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import (TOLERANCE, assert_as_close_to_float64_as_eager, assert_compiled_matches_eager,
+                           assert_fast_compile_matches_eager)
 
 NEIGHBORS = [[1, 2], [0, 3], [0, 1, 3], [2], [0, 4]]
 

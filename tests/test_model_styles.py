@@ -2,10 +2,11 @@
 import pytest
 import torch
 
+import dynamo_relational
+
 from examples.data import graph_batch
 from examples.styles import STYLES, LinearPerType
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
+from tests.helpers import assert_compiled_matches_eager, assert_fast_compile_matches_eager, report_matching_eager
 
 
 @pytest.mark.parametrize("name", sorted(STYLES))
@@ -98,6 +99,22 @@ def test_a_new_tensor_filled_in_place_groups(front_end):
     report = report_matching_eager(front_end, FilledLeafStates(), x)
     assert not report.ungrouped, report.ungrouped   # the fills no longer keep the graph in its order
     assert report.nodes_after < report.nodes_before / 2
+
+
+class FilledFactories(torch.nn.Module):
+    """Factories filled in place whose dtype is not their fill value's: ``torch.full`` would infer int64."""
+
+    def forward(self, x):
+        return x * 2, torch.zeros(3).fill_(2), torch.arange(3).fill_(1.5), x.new(2).zero_()
+
+
+@pytest.mark.parametrize("front_end", ["fast", "backend"])
+def test_a_filled_factory_keeps_its_dtype(front_end):
+    x = torch.randn(3)
+    compiled = (dynamo_relational.compile(FilledFactories(), [x]) if front_end == "fast"
+                else torch.compile(FilledFactories(), backend="relational"))
+    for got, want in zip(compiled(x), FilledFactories()(x)):
+        torch.testing.assert_close(got, want)   # (dtypes included)
 
 
 def test_zero_accumulator_is_no_term_of_the_sum():

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import assert_compiled_matches_eager
+from tests.helpers import assert_compiled_matches_eager
 
 if shutil.which("java") is None:
     pytest.skip("the NeuraLogic bridge needs Java (no `java` on PATH)", allow_module_level=True)

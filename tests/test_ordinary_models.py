@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 
 import dynamo_relational
 from benchmarks.ordinary import LSTMCellLoop
-from tests.conftest import TOLERANCE
+from tests.helpers import TOLERANCE
 
 TIGHT = {torch.float64: dict(rtol=1e-8, atol=1e-10), torch.float32: TOLERANCE[torch.float32]}
 

@@ -15,8 +15,7 @@ from dynamo_relational.kernels.segment import csr_offsets
 from examples.data import graph_batch
 from examples.gcn import ScalarGCN
 from examples.sage import ScalarSAGE
-from tests.conftest import TOLERANCE, assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import TOLERANCE, assert_compiled_matches_eager, assert_fast_compile_matches_eager
 
 
 @pytest.mark.parametrize("reduce, transpose", itertools.product(("sum", "mean", "mean_adjoint"), (False, True)))

@@ -6,8 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.conftest import assert_compiled_matches_eager
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import assert_compiled_matches_eager, assert_fast_compile_matches_eager
 
 EXAMPLES = int(os.environ.get("RELATIONAL_FUZZ_EXAMPLES", "8"))
 VECTOR_OPS = ["add", "mul", "relu", "sigmoid", "tanh", "matvec", "affine", "sum", "amax", "mean", "scale", "offset",

@@ -16,7 +16,7 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from tests.conftest import TOLERANCE
+from tests.helpers import TOLERANCE
 
 EXAMPLES = int(os.environ.get("RELATIONAL_FUZZ_EXAMPLES", "8"))
 FRONT_ENDS = ["backend", "fast"]

@@ -7,7 +7,7 @@ import dynamo_relational
 from examples.data import graph_batch
 from examples.gcn import ScalarGCN
 from examples.styles import STYLES
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import assert_fast_compile_matches_eager
 
 
 def _saved_numel(compiled, x) -> int:

@@ -20,7 +20,7 @@ import torch
 
 sa = pytest.importorskip("sqlalchemy", reason="needs the db extra: pip install -e '.[db]'")
 
-from tests.conftest import assert_compiled_matches_eager  # noqa: E402
+from tests.helpers import assert_compiled_matches_eager  # noqa: E402
 from dynamo_relational.db import DatabaseError, Relation, open_database  # noqa: E402
 from examples.relational_db.grounding import ground  # noqa: E402
 from examples.relational_db.loader import MutagenesisRows, write_mutagenesis  # noqa: E402

@@ -12,7 +12,7 @@ from dynamo_relational.options import Options
 from dynamo_relational.passes import simplify_gathers
 from dynamo_relational.passes.context import PassContext
 from dynamo_relational.passes.simplify_gathers import repetition_of
-from tests.conftest import assert_compiled_matches_eager
+from tests.helpers import assert_compiled_matches_eager
 
 
 def _stat(report, name):

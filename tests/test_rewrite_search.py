@@ -1,7 +1,10 @@
 """passes/rewrite_search.py (with passes/commute_linear.py): sequences of rewrites searched under the
 cost model; the compiled model equals eager wherever the search moves, and where it must not."""
+import copy as copy_module
+
 import pytest
 import torch
+import torch.fx as fx
 from torch import nn
 
 import dynamo_relational
@@ -9,8 +12,7 @@ from dynamo_relational.errors import OptionsError
 from dynamo_relational.passes import rewrite_search
 from examples.data import graph_batch
 from examples.sum_product import AggregateThenTransform, TransformThenAggregate
-from tests.test_examples import BUILDERS
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import BUILDERS, assert_fast_compile_matches_eager
 
 
 def _search(compiled) -> dict:
@@ -132,9 +134,7 @@ def test_graphs_are_known_by_their_wiring_and_index_contents():
     compiled = dynamo_relational.compile(AggregateThenTransform(batch, 8, 4), [torch.randn(batch.x.shape[0], 8)],
                                          inductor=False, progress=False, detailed=True)
     gm = compiled.report.graphs[0].graph_module
-    from dynamo_relational.backend import _copy
-
-    signature, copy = rewrite_search._Signatures(), _copy(gm)
+    signature, copy = rewrite_search._Signatures(), fx.GraphModule(gm, copy_module.deepcopy(gm.graph))
     assert signature(gm) == signature(copy)
     name = next(n.target for n in copy.graph.nodes if n.op == "get_attr" and n.target.startswith("_relational_"))
     changed = getattr(copy, name).clone()

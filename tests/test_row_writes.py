@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import dynamo_relational
-from tests.test_frontend import report_matching_eager
+from tests.helpers import report_matching_eager
 
 N = 12
 NEIGHBORS = [[(v + 1) % N, (v + 5) % N] for v in range(N)]

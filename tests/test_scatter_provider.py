@@ -17,7 +17,7 @@ from dynamo_relational.kernels.segment import SEGMENT_PROVIDERS, csr_offsets, se
 from dynamo_relational.options import Options
 from examples.data import graph_batch
 from examples.styles import EdgeConcat
-from tests.conftest import assert_compiled_matches_eager
+from tests.helpers import assert_compiled_matches_eager
 
 REDUCTIONS = ("sum", "mean", "amax", "amin")
 # empty segments first, in the middle and last; a single row; a longer run

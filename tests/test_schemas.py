@@ -7,8 +7,7 @@ import dynamo_relational
 from dynamo_relational.schemas import SCHEMAS, lift
 from examples.data import graph_batch
 from examples.gcn import ScalarGCN
-from tests.conftest import warnings_logged
-from tests.test_frontend import assert_fast_compile_matches_eager
+from tests.helpers import assert_fast_compile_matches_eager, warnings_logged
 
 
 @pytest.fixture(autouse=True)

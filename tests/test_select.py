@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import dynamo_relational
-from tests.test_frontend import report_matching_eager
+from tests.helpers import report_matching_eager
 
 ROWS = 12
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
+from tests.helpers import assert_fast_compile_matches_eager, report_matching_eager
 
 ROWS, HIDDEN = 10, 3
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
-from tests.conftest import TOLERANCE
+from tests.helpers import TOLERANCE
 
 NEURONS = 12   # enough members per group for the grouped graph to be vectorized (and its executor timed)
 

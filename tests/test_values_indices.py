@@ -4,29 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_frontend import assert_fast_compile_matches_eager, report_matching_eager
-
-# neuron 0 lists neuron 1 twice and neurons 2 and 5 read the same rows: their messages tie exactly
-NEIGHBORS = [[1, 1, 2], [0], [0, 3], [2, 4], [5], [0, 3], [7, 8], [6], [1], [2, 3]]
-
-
-class Pooling(nn.Module):
-    """Max pooling of each neuron's messages in the ways it is written, and sorted messages."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4, dtype=torch.float64)
-
-    def forward(self, x):
-        out = []
-        for v, nbrs in enumerate(NEIGHBORS):
-            m = torch.stack([torch.relu(self.lin(x[u])) for u in nbrs + [v]])   # relu: ties at zero too
-            values, indices = m.min(0)
-            out.append(torch.cat([torch.max(m, 0)[0], m.max(dim=0).values, values * indices,
-                                  m.sort(dim=0, descending=True, stable=True).values[0],
-                                  m.max(1, keepdim=True).values.sum(0),
-                                  torch.sort(m, dim=-1, stable=True).indices[0].to(m.dtype)]))
-        return torch.stack(out)
+from tests.helpers import (POOLING_NEIGHBORS as NEIGHBORS, Pooling, assert_fast_compile_matches_eager,
+                           report_matching_eager)
 
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])

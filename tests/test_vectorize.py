@@ -6,7 +6,7 @@ import operator
 import torch
 from torch import nn
 
-from tests.test_frontend import Recurrent, assert_fast_compile_matches_eager
+from tests.helpers import Recurrent, assert_fast_compile_matches_eager
 
 ROWS = 12
 

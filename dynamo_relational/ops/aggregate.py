@@ -45,6 +45,7 @@ def _terms_info(terms) -> list | None:
 
 class Aggregate(OpFamily):
     name = "aggregate"
+    fresh = True
     variadic = True
 
     def describe(self, node: fx.Node) -> NeuronOp | str:

@@ -52,6 +52,9 @@ class TensorInfo:
 
     # ``rank`` (len(shape)) and ``numel`` (prod(shape)) are plain attributes set by __new__,
     # not fields: they follow from the shape.
+    if TYPE_CHECKING:
+        rank: int
+        numel: int
 
 
 _INTERNED: dict[tuple, TensorInfo] = {}
@@ -97,6 +100,9 @@ class OpFamily:
     name: str = "?"
     #: operands are a variable-length list of terms (aggregations, stacks)
     variadic: bool = False
+    #: every result is a new tensor, never an operand or a view of one (so writing into it changes nothing else);
+    #: calls that :func:`~dynamo_relational.ops.facts.may_alias` still may (a cast, dropout outside training)
+    fresh: bool = False
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
         raise NotImplementedError
@@ -107,8 +113,7 @@ class OpFamily:
         if not self.variadic:
             return op.info.numel
         infos = set(map(tensor_info, op.operands))   # interned: thousands of terms, a few infos
-        infos.discard(None)
-        return max((t.numel for t in infos), default=0)
+        return max((t.numel for t in infos if t is not None), default=0)
 
     def emit(self, members: Sequence[NeuronOp], b: "GroupBuilder") -> fx.Node | None:
         """One node computing all members, shape [len(members), *member_shape].
@@ -138,7 +143,7 @@ class Registry:
                 family = self.functions.get(target)
             except TypeError:  # unhashable target
                 return None
-        elif op == "call_method":
+        elif op == "call_method" and isinstance(target, str):
             family = self.methods.get(target)
         else:
             return None
@@ -187,7 +192,9 @@ REGISTRY = Registry()
 
 def register(family: OpFamily, functions: Sequence[Callable] = (), methods: Sequence[str] = ()) -> OpFamily:
     """Make ``family`` the describer of calls of ``functions`` and ``methods``; each has one family."""
-    for table, targets in ((REGISTRY.functions, functions), (REGISTRY.methods, methods)):
+    tables: tuple[tuple[dict[Any, OpFamily], Sequence[Any]], ...] = ((REGISTRY.functions, functions),
+                                                                     (REGISTRY.methods, methods))
+    for table, targets in tables:
         for target in targets:
             if table.setdefault(target, family) is not family:
                 raise ValueError(f"{target!r} already belongs to the {table[target].name} family, not {family.name}")

@@ -56,6 +56,7 @@ _ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, torch
 
 class Elementwise(OpFamily):
     name = "elementwise"
+    fresh = True
 
     def describe(self, node: fx.Node, *, group_dropout: bool = False) -> NeuronOp | str:
         """``group_dropout``: a dropout in training is a member too (the ``group_dropout`` option)."""

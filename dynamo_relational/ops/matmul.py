@@ -13,7 +13,7 @@ product of vectors becomes a broadcast product of the batched vectors.
 from __future__ import annotations
 
 import operator
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 import torch.fx as fx
@@ -22,12 +22,19 @@ import torch.nn.functional as F
 from .base import NeuronOp, OpFamily, node_args, register, tensor_info
 
 
+def _rank(node) -> int:
+    """The rank of a described operand (-1 where it has no static shape)."""
+    info = tensor_info(node)
+    return info.rank if info is not None else -1
+
+
 def _same_dtype(*infos) -> bool:
     return len({i.dtype for i in infos if i is not None}) == 1
 
 
 class Matmul(OpFamily):
     name = "matmul"
+    fresh = True
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
         if len(node.args) != 2 or node.kwargs:
@@ -45,7 +52,7 @@ class Matmul(OpFamily):
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         g = b.graph
         (a, ba), (v, bv) = (b.slot([m.operands[j] for m in members]) for j in (0, 1))
-        ra, rv = (tensor_info(members[0].operands[j]).rank for j in (0, 1))
+        ra, rv = (_rank(members[0].operands[j]) for j in (0, 1))
         if ra == 1 and rv == 1:
             if ba and bv:
                 return g.call_method("sum", (g.call_function(torch.mul, (a, v)), -1))
@@ -69,6 +76,7 @@ class Matmul(OpFamily):
 
 class Linear(OpFamily):
     name = "linear"
+    fresh = True
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
         args = node_args(node, ("input", "weight", "bias"))
@@ -88,7 +96,7 @@ class Linear(OpFamily):
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         g, k, info = b.graph, len(members), members[0].info
         (x, bx), (w, bw) = (b.slot([m.operands[j] for m in members]) for j in (0, 1))
-        x_rank = tensor_info(members[0].operands[0]).rank
+        x_rank = _rank(members[0].operands[0])
         has_bias = members[0].operands[2] is not None
         bias, bb = b.slot([m.operands[2] for m in members]) if has_bias else (None, False)
         if not bw:
@@ -152,7 +160,7 @@ class Bilinear(OpFamily):
         bi, info = tensor_info(bias), tensor_info(node)
         if None in infos or info is None or (bias is not None and bi is None):
             return "bilinear operand is not a tensor of static shape"
-        if infos[0].rank != 1 or infos[1].rank != 1 or not _same_dtype(*infos, bi):
+        if _rank(x1) != 1 or _rank(x2) != 1 or not _same_dtype(*infos, bi):
             return "bilinear of something other than two vectors of one dtype"
         return NeuronOp(node, self, (self.name, *infos, bi), (x1, x2, w, bias), info)
 
@@ -175,3 +183,53 @@ MATMUL = register(Matmul(), functions=[operator.matmul, torch.matmul, torch.mm, 
 LINEAR = register(Linear(), functions=[F.linear])
 OUTER = register(Outer(), functions=[torch.outer, torch.ger], methods=["outer", "ger"])
 BILINEAR = register(Bilinear(), functions=[F.bilinear])
+
+
+# ---------------------------------------------------------------- the operands of products, as the passes read them
+#: ``linear(input, weight, bias=None)``'s parameters: Dynamo records an absent bias as ``bias=None``
+_PARAMETERS = ("input", "weight", "bias")
+
+
+class LinearArgs(NamedTuple):
+    """The operands of one ``linear``: ``x @ weight.T + bias``."""
+    x: Any
+    weight: Any
+    #: None where the linear adds no bias
+    bias: Any
+
+    def on_rows(self) -> bool:
+        """``x`` and the weight are 2-D tensors: rows times a matrix, the form the passes rewrite."""
+        x, weight = tensor_info(self.x), tensor_info(self.weight)
+        return x is not None and weight is not None and x.rank == 2 and weight.rank == 2
+
+
+def linear_args(node: Any) -> LinearArgs | None:
+    """The operands of ``node`` if it is a call of ``F.linear``, else None (also where its
+    arguments are not ones ``F.linear`` accepts: an unknown keyword, one given twice, a missing one)."""
+    if not (isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.linear) \
+            or len(node.args) > len(_PARAMETERS):
+        return None
+    bound = dict(zip(_PARAMETERS, node.args))
+    for name, value in node.kwargs.items():
+        if name not in _PARAMETERS or name in bound:
+            return None
+        bound[name] = value
+    if "input" not in bound or "weight" not in bound:
+        return None
+    return LinearArgs(bound["input"], bound["weight"], bound.get("bias"))
+
+
+#: two-operand matrix products (``mm``, ``bmm``, ``matmul``, ``@``), as functions and as methods
+_PRODUCTS = frozenset((torch.mm, torch.bmm, torch.matmul, operator.matmul, "mm", "bmm", "matmul", "__matmul__"))
+
+
+def product_operands(node: Any) -> tuple[Any, Any] | None:
+    """``(a, b)`` of a call ``a @ b`` (``mm``, ``bmm``, ``matmul``, as a function or a method) recorded without
+    keywords, else None."""
+    if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method") or node.kwargs \
+            or len(node.args) != 2:
+        return None
+    try:
+        return (node.args[0], node.args[1]) if node.target in _PRODUCTS else None
+    except TypeError:   # unhashable target
+        return None

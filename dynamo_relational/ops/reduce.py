@@ -14,6 +14,7 @@ _NAMES = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: 
 
 class Reduce(OpFamily):
     name = "reduce"
+    fresh = True
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
         args = node_args(node, ("input", "dim", "keepdim"))

@@ -1,10 +1,10 @@
-"""Reading a ``linear`` node's operands (``passes/linear_nodes.py``): the same ``(x, W, b)`` whether
+"""Reading a ``linear`` node's operands (``dynamo_relational/ops/matmul.py``): the same ``(x, W, b)`` whether
 they were recorded by position or by keyword, None for anything ``F.linear`` would not accept."""
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from dynamo_relational.passes.linear_nodes import linear_args
+from dynamo_relational.ops.matmul import linear_args
 
 
 def _graph(*calls):

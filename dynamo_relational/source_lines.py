@@ -1,0 +1,74 @@
+"""The user's source lines while tracing: the frames of user code (not of torch or of the tracer itself) that
+errors name and that each node records as its ``stack_trace`` (the grouping's code-site hint).
+
+Frames are classified once per code object and formatted once per line."""
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import traceback
+from types import CodeType, FrameType
+
+import torch
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+#: this package's modules on the stack between the tracer's ``trace`` call and user code, or under it
+_TRACING_MODULES = ("tracer", "value_proxy", "untraced_calls", "tracing_patches", "data_dependence", "source_lines")
+#: frames of the tracing machinery itself, never shown as user code
+_INTERNAL = (os.path.join(_TORCH_DIR, "fx") + os.sep, os.path.join(_TORCH_DIR, "overrides.py"),
+             os.path.join(_TORCH_DIR, "nn", "modules", "module.py"),
+             *(os.path.join(_PACKAGE_DIR, f"{name}.py") for name in _TRACING_MODULES))
+
+#: a user frame: its code object and line number
+Frame = tuple[CodeType, int]
+
+_internal_code: dict[CodeType, bool] = {}
+
+
+def _is_internal(code: CodeType) -> bool:
+    internal = _internal_code.get(code)
+    if internal is None:
+        internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL)
+    return internal
+
+
+def frames(stop: FrameType | None) -> list[Frame]:
+    """(code, line) of the user frames between the tracer's ``trace`` call (``stop``) and here, innermost first."""
+    out = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame is not stop:
+        if not _is_internal(frame.f_code):
+            out.append((frame.f_code, frame.f_lineno))
+        frame = frame.f_back
+    return out
+
+
+def innermost_frame(stop: FrameType | None) -> Frame | None:
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame is not stop:
+        if not _is_internal(frame.f_code):
+            return frame.f_code, frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def traceback_frames(error: BaseException) -> list[Frame]:
+    """(code, line) of the user frames an exception passed through, innermost first."""
+    passed = [(frame.f_code, line) for frame, line in traceback.walk_tb(error.__traceback__)]
+    return [f for f in reversed(passed) if not _is_internal(f[0])]
+
+
+def format_frame(code: CodeType, line: int) -> str:
+    text = linecache.getline(code.co_filename, line).strip()
+    return f'  File "{code.co_filename}", line {line}, in {code.co_name}\n    {text}\n'
+
+
+def user_line(user_frames: list[Frame]) -> str:
+    """``file:line: code`` of the innermost frame outside torch (the user's line)."""
+    user = [f for f in user_frames if not f[0].co_filename.startswith(_TORCH_DIR)] or list(user_frames)
+    if not user:
+        return "<unknown source line>"
+    code, line = user[0]
+    return f"{code.co_filename}:{line} in {code.co_name}: {linecache.getline(code.co_filename, line).strip()}"

@@ -1,0 +1,153 @@
+"""Tracing a model into the ungrouped graph that the grouping passes take: :func:`trace` runs the
+:class:`~dynamo_relational.tracer.Tracer`, traces again where calls without a traced argument must be
+recorded (random ops, tensor factories: :mod:`~dynamo_relational.untraced_calls`), refuses what ``forward``
+did to the model that a graph cannot repeat, and hands over the graph with its outputs flattened."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence, cast
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.utils import _pytree as pytree
+
+from .forward_constants import copy_mutated_constants, returned_constants_share_memory
+from .errors import FrontendError
+from .model_state import HeldAttributes, PlainObjects, computed_at
+from .module_hooks import refuse_unrecorded_hooks
+from .ops import tensor_info
+from .progress import NONE as NO_PROGRESS, CompileProgress
+from .tracer import Tracer
+from .untraced_calls import drew_since, generator_states, set_generator_states
+
+log = logging.getLogger("dynamo_relational")
+
+
+@dataclass
+class Trace:
+    """An ungrouped graph recorded by :func:`trace`, flattened outputs and what the grouping needs of it."""
+    graph: fx.GraphModule
+    #: the structure of ``forward``'s result; the graph's output lists its tensor leaves
+    out_spec: pytree.TreeSpec
+    #: output leaves that are not tensors (constants), by leaf position
+    constants: dict[int, Any]
+    #: seconds spent tracing and computing the nodes' values
+    seconds: float
+    value_seconds: float
+
+
+def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
+          progress: CompileProgress = NO_PROGRESS) -> Trace:
+    """``model`` called on ``inputs`` (placeholders named ``names``), recorded as an ungrouped graph whose
+    nodes carry their shapes (``meta["rel_info"]``); see :mod:`dynamo_relational.frontend` for the contract."""
+    start = time.perf_counter()
+    refuse_unrecorded_hooks(model)
+    names = [n.replace("[", "_").replace("]", "") for n in names]
+    progress.start("tracing")
+    generators = generator_states()
+    attributes = HeldAttributes(model)
+    objects = PlainObjects(model)
+    with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
+        tracer = _traced(model, inputs, names, progress, generators, attributes)
+    _refuse_changes_to_the_model(model, attributes, objects)
+    progress.step()
+    graph = tracer.graph
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    leaves = list(output.args[0])
+    tensors = [leaf for leaf in leaves if isinstance(leaf, fx.Node)]
+    constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, fx.Node)}
+    output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
+    copy_mutated_constants(graph, tracer.attrs, attributes.held_ids())
+    tracer.node_name_to_scope.clear()   # fx's record of module scopes, unused here
+    for node in graph.nodes:   # the passes read shapes only: keep those and free the values early
+        if node.op != "get_attr":   # (constants keep theirs: the passes compare them)
+            tensor_info(node)
+            node.meta.pop("example_value", None)
+    # lazy: Python code for the ungrouped graph (tens of thousands of lines) is never needed
+    gm = _LazyGraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
+    out_spec = cast(pytree.TreeSpec, tracer.out_spec)   # set when forward returned
+    return Trace(gm, out_spec, constants, time.perf_counter() - start, tracer.value_seconds)
+
+
+def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
+            generators: list[torch.Tensor], attributes: HeldAttributes) -> Tracer:
+    """The tracer that traced ``model``, once for most models. A call without a traced argument runs while
+    tracing and its result becomes a constant of the graph; where that loses eager's behaviour, which only a
+    trace shows, the model is traced again, recording such calls of one kind or both."""
+    tracer = Tracer(model, inputs, names, progress)
+    tracer.trace(model)
+    # Tracing computes no random value from the generators (see Tracer._value): a draw means a random op ran
+    # outside the graph (torch.randn(4)), frozen into it. Random ops are recorded on a second trace only: the
+    # first trace is forward's first run, whose one-off draws (a random tensor it caches on the model) must
+    # stay constants, as in eager (recorded, the cached value would be a traced one, refused); and recording
+    # intercepts every torch call (3-12% more tracing time on the GCN and TreeLSTM examples).
+    if drew_since(generators):
+        log.info("relational: random numbers were drawn outside the traced graph; tracing again to "
+                 "record the random ops that drew them")
+        tracer = _traced_again(model, inputs, names, progress, generators, record_random_ops=True)
+        if drew_since(generators):
+            raise FrontendError(
+                f"{type(model).__name__}.forward draws random numbers outside the traced graph through an op "
+                "that is not known to be random; dynamo_relational.compile would freeze them. Use torch's "
+                "random functions, or torch.compile(model, backend=\"relational\").")
+    # Tensor factories are recorded on another trace only where a constant loses eager's behaviour: a traced
+    # value written into a tensor made from Python values (out = torch.zeros(n, d); out[v] = h), whose later
+    # reads ran on its untraced value; or outputs sharing memory through such tensors (z = torch.zeros(3);
+    # return z, z[1:]), traced as separate constants, so that the caller's write into one would not reach the
+    # other. Elsewhere their constants are what the grouping needs (index tensors) and what Python code may
+    # read (torch.arange(n).tolist()).
+    if tracer.wrote_untraced is not None:
+        why = f"{tracer.wrote_untraced} writes a traced value into a tensor made without one"
+    elif returned_constants_share_memory(tracer.graph, tracer.attrs, attributes.held_ids()):
+        why = "outputs made without a traced value share memory"
+    else:
+        return tracer
+    log.info("relational: %s; tracing again to record the tensor factories", why)
+    tracer = _traced_again(model, inputs, names, progress, generators, record_random_ops=tracer.record_random_ops,
+                           record_factories=True)
+    if tracer.wrote_untraced is not None:
+        raise FrontendError(
+            f"a traced value is written into a tensor the trace does not see at {tracer.wrote_untraced} "
+            "(a plain tensor attribute, one made outside forward, or one made by a legacy constructor such "
+            "as torch.Tensor(n, d) or torch.FloatTensor(n, d), which tracing cannot record): "
+            "dynamo_relational.compile would keep one such tensor for every call. Make it in forward with a "
+            "factory (x.new_zeros(...), torch.zeros(...)), register it as a buffer, or use "
+            "torch.compile(model, backend=\"relational\").")
+    return tracer
+
+
+def _traced_again(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
+                  generators: list[torch.Tensor], **recording: bool) -> Tracer:
+    set_generator_states(generators)   # as before the first trace
+    tracer = Tracer(model, inputs, names, progress, **recording)
+    tracer.trace(model)
+    return tracer
+
+
+def _refuse_changes_to_the_model(model: nn.Module, attributes: HeldAttributes, objects: PlainObjects) -> None:
+    """``forward`` storing a traced value in the model, or changing a tensor it holds, is refused (and undone):
+    the trace would make the change once, at compile time, not on every call."""
+    for holder, why in (
+            (attributes, "not values kept in the model's lists and dicts (this one would be stored once, while "
+                         "tracing, and not as a tensor). Collect such values in a local list or dict and return them, "
+                         "or use torch.compile(model, backend=\"relational\")."),
+            (objects, "and would leave that attribute holding a value of the trace, not of any call. Keep such state "
+                      "in local variables (a dict from node to state) or return it, or use torch.compile(model, "
+                      "backend=\"relational\"), which replays attribute writes.")):
+        stored = holder.stored_proxy()
+        if stored is not None:
+            holder.restore()
+            raise FrontendError(
+                f"{type(model).__name__}.forward stores a traced value in {stored[0]} (the value computed at "
+                f"{computed_at(stored[1])}): dynamo_relational.compile records tensor ops, {why}")
+    changed = attributes.changed(scalars=False)
+    if changed is not None:
+        attributes.restore()
+        raise FrontendError(
+            f"{type(model).__name__}.forward changes {changed[0]} ({changed[1]} while tracing): dynamo_relational."
+            "compile would make that change once, at compile time, not on every call. Register the tensor as a "
+            "buffer and update it in place, or use torch.compile(model, backend=\"relational\").")

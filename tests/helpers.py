@@ -1,0 +1,289 @@
+"""Helpers shared by the test modules: the checks that a compiled model equals eager (outputs and gradients,
+through ``torch.compile`` by way of ``explain`` or through ``dynamo_relational.compile``), and the models,
+builders and constants more than one test module runs. Test modules import them from here, never from
+one another."""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch import nn
+
+import dynamo_relational
+from examples.data import graph_batch
+from examples.gcn import ScalarGCN
+from examples.gin import ScalarGIN
+from examples.lrnn import ScalarLRNN
+from examples.rgcn import ScalarRGCN
+from examples.sage import ScalarSAGE
+
+TOLERANCE = {torch.float64: dict(rtol=1e-9, atol=1e-12), torch.float32: dict(rtol=1e-4, atol=1e-5)}
+
+
+def assert_compiled_matches_eager(model: torch.nn.Module, *inputs: torch.Tensor, tolerance: dict | None = None,
+                                  **options):
+    """Compile with the relational backend (via explain, strict), compare with eager; return the report.
+    ``tolerance`` replaces the output dtype's (for a model that itself rounds through a lower precision)."""
+    torch._dynamo.reset()
+    options.setdefault("strict", True)
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    report = dynamo_relational.explain(model, *leaves, **options)
+    compiled_out = report.compiled(*leaves)
+    eager_out = model(*leaves)
+    tol = tolerance or TOLERANCE[eager_out.dtype]
+    torch.testing.assert_close(compiled_out, eager_out, **tol)
+    wrt = [p for p in model.parameters() if p.requires_grad] + [x for x in leaves if x.requires_grad]
+    weights = torch.randn_like(eager_out)
+    got = torch.autograd.grad((compiled_out * weights).sum(), wrt, allow_unused=True)
+    want = torch.autograd.grad((eager_out * weights).sum(), wrt, allow_unused=True)
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None or torch.count_nonzero(g) == 0
+        else:
+            torch.testing.assert_close(g, w, **tol)
+    return report
+
+
+def assert_as_close_to_float64_as_eager(compiled, model: torch.nn.Module, exact: torch.nn.Module, x: torch.Tensor,
+                                        x64: torch.Tensor, under=contextlib.nullcontext):
+    """In low precision a compiled model rounds differently from eager: compare both with ``exact``, the
+    model's float64 twin, instead. The compiled outputs and gradients (run, like eager's, inside
+    ``under()``) must be as close to it as eager's, or closer (the largest relative error over the
+    output and each parameter's gradient)."""
+    def outputs_and_gradients(fn, module, inputs):
+        out = fn(inputs.clone().requires_grad_())
+        return [out.double()] + [g.double() for g in torch.autograd.grad(out.float().sum(), list(module.parameters()))]
+
+    want = outputs_and_gradients(exact, exact, x64)
+
+    def error(fn):
+        with under():
+            values = outputs_and_gradients(fn, model, x)
+        return max(((v - w).abs().max() / w.abs().max()).item() for v, w in zip(values, want))
+
+    assert error(compiled) <= error(model)
+
+
+@contextlib.contextmanager
+def warnings_logged():
+    """The messages of the warnings logged by dynamo_relational inside the block."""
+    messages = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("dynamo_relational")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
+def assert_fast_compile_matches_eager(model: nn.Module, *inputs: torch.Tensor, tolerance: dict | None = None,
+                                      **options):
+    """Compile with dynamo_relational.compile (strict), compare outputs and the gradients of all
+    parameters and inputs with eager; return the compiled module. ``tolerance`` replaces the output
+    dtype's (for a model that itself rounds through a lower precision)."""
+    options.setdefault("strict", True)
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    compiled = dynamo_relational.compile(model, leaves, **options)
+    compiled_out, eager_out = compiled(*leaves), model(*leaves)
+    tol = tolerance or TOLERANCE[eager_out.dtype]
+    torch.testing.assert_close(compiled_out, eager_out, **tol)
+    wrt = list(model.parameters()) + leaves
+    weights = torch.randn_like(eager_out)
+    got = torch.autograd.grad((compiled_out * weights).sum(), wrt, allow_unused=True)
+    want = torch.autograd.grad((eager_out * weights).sum(), wrt, allow_unused=True)
+    for (name, _), g, w in zip([*model.named_parameters(), *(("input", x) for x in leaves)], got, want):
+        if w is None:
+            assert g is None or torch.count_nonzero(g) == 0, name
+        else:
+            assert g is not None, name
+            torch.testing.assert_close(g, w, **tol, msg=lambda m: f"gradient of {name}: {m}")
+    return compiled
+
+
+def report_matching_eager(front_end: str, model: nn.Module, *inputs: torch.Tensor, **options):
+    """Compile ``model`` through ``front_end`` (``"backend"``: ``torch.compile`` by way of ``explain``;
+    ``"fast"``: ``dynamo_relational.compile``), check outputs and gradients against eager, and return
+    the graph's report."""
+    if front_end == "backend":
+        return assert_compiled_matches_eager(model, *inputs, **options).graphs[0]
+    return assert_fast_compile_matches_eager(model, *inputs, **options).report.graphs[0]
+
+
+class Recurrent(nn.Module):
+    """A recurrent cell over the rows of ``x``, cycled through: one neuron per step, each reading the last."""
+
+    def __init__(self, steps: int = 20, width: int = 3):
+        super().__init__()
+        self.steps = steps
+        self.cell = nn.Linear(width, width, dtype=torch.float64)
+
+    def forward(self, x):
+        h = x[0]
+        for step in range(self.steps):
+            h = torch.tanh(self.cell(h) + x[step % x.shape[0]])
+        return h
+
+
+# the example models, each built for a batch of graphs
+BUILDERS = {
+    "gcn": lambda b: ScalarGCN(b, b.x.shape[1]),
+    "sage": lambda b: ScalarSAGE(b, b.x.shape[1]),
+    "gin": lambda b: ScalarGIN(b, b.x.shape[1], layers=3),
+    "rgcn": lambda b: ScalarRGCN(b, b.x.shape[1]),
+    "lrnn": lambda b: ScalarLRNN(b),
+}
+
+
+# the rows and width of tests/test_elementwise.py's models
+ELEMENTWISE_ROWS, ELEMENTWISE_WIDTH = 16, 4
+
+
+class PerNeuronScalars(nn.Module):
+    """A threshold, exponent, bound and fill value of its own for each neuron (Python floats)."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.lin = nn.Linear(ELEMENTWISE_WIDTH, ELEMENTWISE_WIDTH, dtype=dtype)
+        # 0.1 steps: exact ties with float32 rows
+        self.t = [round(0.1 * v - 0.8, 1) for v in range(ELEMENTWISE_ROWS)]
+
+    def forward(self, x):
+        out = []
+        for v in range(ELEMENTWISE_ROWS):
+            h, t = self.lin(x[v]), self.t[v]
+            above = (h > t) & torch.le(h, t + 1) | (x[v] == t)
+            out.append(torch.where(above, h, t) + h.clamp(min=t) + torch.clamp(h, -1.0, t + 1) + h.abs() ** (1 + abs(t))
+                       + h.masked_fill(h < t, t) + (2.0 + t) ** h + above.to(h.dtype))
+        return torch.stack(out)
+
+
+# the rows of Layouts (tests/test_layout_ops.py)
+LAYOUT_ROWS = 12
+
+
+class Layouts(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, x, planes):
+        out = []
+        for v in range(LAYOUT_ROWS):
+            h, p = self.lin(x[v]), planes[v]   # a row of 3 and a 2 x 3 plane
+            grid = h.unsqueeze(1).expand(3, 2) * h.unsqueeze(0).expand(2, -1).t()      # 3 x 2
+            wide = h.expand((4, 3)) + h.expand_as(p.repeat(2, 1)) + torch.tile(h, (4, 1))   # 4 x 3
+            moved = (p.flip(1) + torch.flip(p, [0, 1]) + p.roll(1) + torch.roll(p, 1, 1) + p.roll((1, 2), (0, 1))
+                     + p.transpose(0, 1).t() + torch.swapaxes(p, 0, 1).T + p.permute(1, 0).permute((1, 0))
+                     + p.mT.mT)   # 2 x 3
+            out.append(torch.cat([grid.flatten(), wide.sum(0), moved.flatten(), h.repeat(2), h.flip(0), h.t()]))
+        return torch.stack(out)
+
+
+# each neuron's neighbours in Statistics (tests/test_along.py)
+STATISTICS_NEIGHBORS = [[1, 2], [0], [0, 1, 3], [2], [5], [4, 0], [7, 8, 9], [6], [1], [2, 3]]
+
+
+class Statistics(nn.Module):
+    """PNA-style statistics of each neuron's stacked messages, in the forms std and var are called."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x, planes):
+        out = []
+        for v, nbrs in enumerate(STATISTICS_NEIGHBORS):
+            m = torch.stack([self.lin(x[u]) for u in nbrs + [v]])   # at least two messages: std is defined
+            p = planes[v]
+            out.append(torch.cat([m.mean(0), m.std(0), m.std(0, unbiased=False), torch.var(m, dim=0, correction=0),
+                                  torch.std(m, False).reshape(1), m.var().reshape(1), torch.std(m, 0, True),
+                                  p.var(dim=(0, 1), keepdim=True).reshape(1), p.std(-1, correction=2)]))
+        return torch.stack(out)
+
+
+# each neuron's neighbours in Pooling (tests/test_values_indices.py):
+# neuron 0 lists neuron 1 twice and neurons 2 and 5 read the same rows: their messages tie exactly
+POOLING_NEIGHBORS = [[1, 1, 2], [0], [0, 3], [2, 4], [5], [0, 3], [7, 8], [6], [1], [2, 3]]
+
+
+class Pooling(nn.Module):
+    """Max pooling of each neuron's messages in the ways it is written, and sorted messages."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        out = []
+        for v, nbrs in enumerate(POOLING_NEIGHBORS):
+            m = torch.stack([torch.relu(self.lin(x[u])) for u in nbrs + [v]])   # relu: ties at zero too
+            values, indices = m.min(0)
+            out.append(torch.cat([torch.max(m, 0)[0], m.max(dim=0).values, values * indices,
+                                  m.sort(dim=0, descending=True, stable=True).values[0],
+                                  m.max(1, keepdim=True).values.sum(0),
+                                  torch.sort(m, dim=-1, stable=True).indices[0].to(m.dtype)]))
+        return torch.stack(out)
+
+
+# value compression's model (tests/test_compress_values.py)
+class FactGCN(nn.Module):
+    """A scalar-granular GCN over a grounded graph whose atom features are facts in a buffer (one of
+    a few atom types each), the way NeuraLogic networks carry them: many atoms read equal facts, and
+    atoms with equal multisets of neighbour types compute equal values."""
+
+    def __init__(self, features: torch.Tensor, in_nbrs: list[list[int]], hidden: int = 6,
+                 features_as_input: bool = False):
+        super().__init__()
+        self.in_nbrs = in_nbrs
+        self.features_as_input = features_as_input
+        self.register_buffer("facts", features)
+        self.conv1 = nn.Linear(features.shape[1], hidden)
+        self.conv2 = nn.Linear(hidden, hidden)
+        self.scale = nn.Parameter(torch.ones(hidden))   # equal values at the start: never merged by value
+
+    def forward(self, x=None):
+        x = self.facts if x is None else x
+        h = [x[v] for v in range(x.shape[0])]
+        for conv in (self.conv1, self.conv2):
+            h = [torch.tanh(sum((conv.weight @ h[u] for u in nbrs), conv.bias)) for nbrs in self.in_nbrs]
+        return torch.stack([self.scale * h[v] for v in range(len(h))]).sum(1)
+
+
+def fact_gcn(dtype=torch.float64, types: int = 3, graphs: int = 4, **kwargs) -> FactGCN:
+    torch.manual_seed(0)
+    batch = graph_batch("mutagenesis", graphs=graphs, dtype=dtype)
+    kinds = torch.randint(0, types, (batch.num_nodes,))
+    features = torch.eye(types, dtype=dtype)[kinds]
+    return FactGCN(features, batch.in_neighbors(), **kwargs).to(dtype)
+
+
+def compressed_rows(compiled) -> list[str]:
+    return compiled.report.graphs[0].stats.get("rows_compressed", [])
+
+
+#: per-sample batches of float64 models: every sample's result and gradient as eager's
+BATCH_TOLERANCE = dict(rtol=1e-8, atol=1e-10)
+
+
+def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], through_union: bool = True) -> None:
+    """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's;
+    with ``through_union``, every sample ran from the grouped union."""
+    inputs = [tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in s)
+              for s in batch]
+    unbatched = (batched.report.eager_samples, batched.report.unbatched)
+    got = batched(inputs)
+    if through_union:
+        assert (batched.report.eager_samples, batched.report.unbatched) == unbatched, batched.report
+    want = [model(*s) for s in inputs]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
+    weights = [torch.randn_like(w) for w in want]
+    wrt = list(model.parameters()) + [a for s in inputs for a in s if isinstance(a, torch.Tensor)]
+    got_grads = torch.autograd.grad(sum((g * c).sum() for g, c in zip(got, weights)), wrt)
+    want_grads = torch.autograd.grad(sum((w * c).sum() for w, c in zip(want, weights)), wrt)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
