@@ -27,7 +27,6 @@ from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensor
 
 from dynamo_relational.kernels.gather_reduce import EAGER_FORMS, gather_reduce, gather_rows, prepare_products
-from dynamo_relational.kernels.segment import segment_reduce
 from dynamo_relational import passes
 from dynamo_relational.passes import PassContext
 from dynamo_relational.passes.compress_values import changed_constant
@@ -98,7 +97,6 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
             dump.write(name, gm.print_readable(print_output=False))
     hide_bases(gm, ctx.output_aliases)   # where distinct_outputs did not run
     gm = _smaller_or_as_traced(gm, as_traced, nodes_before, ctx)
-    _name_segment_provider(gm, options, ctx.stats)
     after_code = gm.print_readable(print_output=False) if ctx.detailed else ""
     report = GraphReport.from_context(ctx, nodes_before, len(gm.graph.nodes), before_code, after_code)
     report.graph_module = gm if ctx.detailed else None
@@ -143,27 +141,6 @@ def _smaller_or_as_traced(grouped: fx.GraphModule, as_traced: fx.GraphModule | N
                      groups=nodes_before, vectorized_groups=0, schedule="as traced")
     ctx.groups = []
     return as_traced
-
-
-def _name_segment_provider(gm: fx.GraphModule, options: Options, stats: dict) -> None:
-    """Pass ``options.segment_provider`` to every ``segment_reduce`` call as its ``provider`` argument.
-
-    The provider is an argument of the op (not a process-wide switch) so that it is part of this
-    graph: models compiled with different providers run side by side, and the code-sharing cache
-    (:mod:`dynamo_relational.schemas`, keyed by the graph's code) never mixes them. The default
-    ``"aten"`` is left implicit, so default graphs read as before.
-    """
-    if options.segment_provider == "aten":
-        return
-
-    target = segment_reduce._opoverload
-    calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is target]
-    for node in calls:
-        node.args = (*node.args[:3], options.segment_provider)
-        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "provider"}
-    if calls:
-        gm.recompile()
-        stats["segment_provider"] = options.segment_provider
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -346,14 +323,14 @@ def choose_executor(inductor_fn: Callable, aten: fx.GraphModule, inputs: Sequenc
     return executor if choice == "aten" else inductor_fn
 
 
-def aten_executor(gm: fx.GraphModule) -> fx.GraphModule:
-    """``gm`` run as plain ATen calls: a copy whose custom kernel calls use their eager forms
+def aten_executor(gm: fx.GraphModule, forms: dict = EAGER_FORMS) -> fx.GraphModule:
+    """``gm`` run as plain ATen calls: a copy whose custom kernel calls use their ``forms``
     (:data:`dynamo_relational.kernels.gather_reduce.EAGER_FORMS`: the same computation with less
     per-call overhead than the ``torch.library`` dispatch that Inductor and Dynamo need)."""
     executor = _copy(gm)
     for node in executor.graph.nodes:
-        if node.op == "call_function" and node.target in EAGER_FORMS:
-            node.target = EAGER_FORMS[node.target]
+        if node.op == "call_function" and node.target in forms:
+            node.target = forms[node.target]
     executor.recompile()
     return executor
 

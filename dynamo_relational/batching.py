@@ -46,6 +46,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .backend import aten_executor
+from .kernels.gather_reduce import INDEXED_FORMS
 from .errors import FrontendError
 from .options import Options
 from .passes import PassContext
@@ -305,7 +306,7 @@ class BatchedModule(nn.Module):
             self.report.grouping_seconds += time.perf_counter() - start
         self.report.groupings += 1
         self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
-        run = aten_executor(plan.graph).forward
+        run = aten_executor(plan.graph, INDEXED_FORMS).forward   # (new indices every batch: no sparse matrices)
         return _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, run)
 
     def _graph(self, key: Hashable) -> SampleGraph:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from dynamo_relational.ops.facts import may_alias, writes
+
 
 def returned_constants_share_memory(graph: fx.Graph, attrs: dict[str, torch.Tensor], held: set[int]) -> bool:
     """Whether two outputs read (views of) two different constants of the graph that share memory, both
@@ -15,13 +17,13 @@ def returned_constants_share_memory(graph: fx.Graph, attrs: dict[str, torch.Tens
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     storages: dict[int, str] = {}   # storage address -> the constant read there first
     for leaf in output.all_input_nodes:
-        base = _viewed_base(leaf)
-        if base.op != "get_attr" or not base.target.startswith("_tensor_constant"):
+        name = _constant_name(_viewed_base(leaf))
+        if name is None:
             continue
-        tensor = attrs[base.target]
+        tensor = attrs[name]
         if id(tensor) in held or tensor.untyped_storage().nbytes() == 0:
             continue
-        if storages.setdefault(tensor.untyped_storage().data_ptr(), base.target) != base.target:
+        if storages.setdefault(tensor.untyped_storage().data_ptr(), name) != name:
             return True
     return False
 
@@ -35,30 +37,33 @@ def copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor], held
     tensor on every call, so every reader of such a constant reads one fresh copy of it, made where the
     constant is read first. Tracing ran the ops on the constant's
     traced value, so the value is reset to the constant's (the passes recognize a zero accumulator by it)."""
-    from dynamo_relational.ops.facts import writes
-
     written = [node.args[0] for node in graph.nodes
                if writes(node) and node.args and isinstance(node.args[0], fx.Node)]
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    mutated: dict[fx.Node, None] = {}
+    mutated: dict[fx.Node, str] = {}
     for value, by_caller in [(v, False) for v in written] + [(v, True) for v in output.all_input_nodes]:
         base = _viewed_base(value)
+        name = _constant_name(base)
         # The caller may write into an output, unless it is a tensor the model holds: eager returns that itself.
-        if base.op == "get_attr" and base.target.startswith("_tensor_constant") and not (
-                by_caller and id(attrs[base.target]) in held):
-            mutated[base] = None
-    for constant in mutated:
+        if name is not None and not (by_caller and id(attrs[name]) in held):
+            mutated[base] = name
+    for constant, name in mutated.items():
         with graph.inserting_after(constant):
             fresh = graph.call_function(torch.clone, (constant,))
         constant.replace_all_uses_with(fresh, delete_user_cb=lambda user: user is not fresh)
         fresh.meta = dict(constant.meta)
-        constant.meta["example_value"] = attrs[constant.target].detach().clone()
+        constant.meta["example_value"] = attrs[name].detach().clone()
+
+
+def _constant_name(node: fx.Node) -> str | None:
+    """The name of the constant ``node`` reads, if it is one the tracer made for a tensor built in ``forward``."""
+    target = node.target
+    return target if node.op == "get_attr" and isinstance(target, str) and target.startswith("_tensor_constant") \
+        else None
 
 
 def _viewed_base(node: fx.Node) -> fx.Node:
     """The node whose memory ``node`` may share: followed back through view ops to their first operand."""
-    from dynamo_relational.ops.facts import may_alias
-
     while may_alias(node) and node.args and isinstance(node.args[0], fx.Node):
         node = node.args[0]
     return node

@@ -60,6 +60,8 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from dynamo_relational.passes.compress_values import changed_constant
+
 from .backend import group_graph
 from .errors import FrontendError
 from .model_state import HeldAttributes
@@ -210,8 +212,6 @@ class RelationalModule(nn.Module):
                         "every call)", *changed)
             return True
         if traced.report.constants_read:
-            from dynamo_relational.passes.compress_values import changed_constant
-
             name = changed_constant(traced.report.constants_read)
             if name is not None:
                 log.warning("relational: %s changed in place since the model was traced, and value_compression merged "

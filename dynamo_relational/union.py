@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 import torch
 import torch.fx as fx
@@ -71,7 +71,7 @@ def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[in
     if ctx.keep_order:
         raise NotBatchable(f"the sample's graph keeps its order: {ctx.keep_order[0]}")
     output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
-    shapes = tuple(tensor_info(leaf).shape for leaf in output.args[0])
+    shapes = tuple(_tensor_info(leaf).shape for leaf in output.args[0])
     return SampleGraph(graph, out_spec, constants, tuple(tuple(s) for s in input_shapes), shapes)
 
 
@@ -102,7 +102,7 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
     inputs_layout = tuple(input_layout([s.input_shapes[j] for s in samples], j) for j in range(arity.pop()))
     for j in range(len(inputs_layout)):
         kinds = {(info.dtype, info.device) for info in
-                 (tensor_info(s.graph.graph.find_nodes(op="placeholder")[j]) for s in samples)}
+                 (_tensor_info(s.graph.graph.find_nodes(op="placeholder")[j]) for s in samples)}
         if len(kinds) > 1:
             raise NotBatchable(f"tensor argument {j} has several dtypes or devices across samples: "
                                f"{sorted(map(str, kinds))[:3]}")
@@ -112,7 +112,7 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
     for j, layout in enumerate(inputs_layout):
         node = graph.placeholder(f"input{j}")
         example = samples[0].graph.graph.find_nodes(op="placeholder")[j]
-        row = tensor_info(example)
+        row = _tensor_info(example)
         rows = sum(s.input_shapes[j][0] if layout == "cat" else 1 for s in samples)
         rest = row.shape[1:] if layout == "cat" else ()
         node.meta["rel_info"] = TensorInfo((rows, *rest), row.dtype, row.device)
@@ -192,7 +192,7 @@ def _row_read(node: fx.Node, placeholders: dict[fx.Node, int], layouts: tuple[st
     if node.op != "call_function" or node.target is not operator.getitem or node.kwargs:
         return None
     base, index = node.args
-    j = placeholders.get(base)
+    j = placeholders.get(base) if isinstance(base, fx.Node) else None
     if j is None or layouts[j] != "cat":
         return None
     first, rest = (index[0], index[1:]) if type(index) is tuple and index else (index, None)
@@ -205,7 +205,7 @@ def _row_read(node: fx.Node, placeholders: dict[fx.Node, int], layouts: tuple[st
 
 def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int, ...]], j: int) -> tuple[fx.Node, str]:
     """One union output from the samples' output leaves at position ``j``: stacked, or their rows joined."""
-    info = tensor_info(leaves[0])
+    info = _tensor_info(leaves[0])
     rows_agree = all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1
     if len(set(shapes)) == 1 and not (rows_agree and _all_stacks(leaves)):
         node = graph.call_function(torch.stack, (list(leaves),))
@@ -217,7 +217,9 @@ def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int
                            "only where their other dims agree")
     rows = sum(s[0] for s in shapes)
     if _all_stacks(leaves):   # cat(stack(a), stack(b)) is stack(a + b): the rows themselves group
-        node = graph.call_function(torch.stack, ([item for leaf in leaves for item in leaf.args[0]],))
+        # (each leaf's stacked terms are a list or tuple: _all_stacks checked)
+        terms = [item for leaf in leaves for item in cast(Sequence[fx.node.Argument], leaf.args[0])]
+        node = graph.call_function(torch.stack, (terms,))
     else:
         node = graph.call_function(torch.cat, (list(leaves),))
     node.meta["rel_info"] = TensorInfo((rows, *info.shape[1:]), info.dtype, info.device)
@@ -230,6 +232,13 @@ def _all_stacks(leaves: list[fx.Node]) -> bool:
     return all(leaf.op == "call_function" and leaf.target is torch.stack and len(leaf.args) == 1
                and not leaf.kwargs and isinstance(leaf.args[0], (list, tuple)) and len(leaf.users) == 1
                for leaf in leaves)
+
+
+def _tensor_info(node: fx.Node) -> TensorInfo:
+    """The info of a sample's tensor argument or output leaf: always a tensor of static shape."""
+    info = tensor_info(node)
+    assert info is not None
+    return info
 
 
 def _attribute(gm: fx.GraphModule, target: str) -> Any:

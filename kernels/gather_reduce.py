@@ -31,6 +31,7 @@ Empty segments reduce to 0 (also for ``mean``).
 """
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 
@@ -445,3 +446,40 @@ def _apply(source: Tensor, plan: _Plan) -> Tensor:
 
 #: the custom ops of this module -> their eager forms (``dynamo_relational.backend.aten_executor``)
 EAGER_FORMS = {gather_reduce: gather_reduce_eager, gather_rows: gather_rows_eager}
+
+
+# --------------------------------------------------------------------------- forms for indices new on every call
+
+def gather_reduce_indexed(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
+    """:data:`gather_reduce` as ATen's ``index_select`` and ``index_add`` (a mean then scales each row by 1/its
+    segment's size), with ATen's own autograd: for graphs whose index tensors are new on every call (the
+    batches of a union, :mod:`dynamo_relational.batching`), where building the sparse matrices of
+    :func:`gather_reduce_eager` costs more than multiplying by them. On the CPU; on CUDA, whose ``index_add``
+    adds in no fixed order, and for the adjoint of a mean, it is :func:`gather_reduce_eager`."""
+    if source.device.type != "cpu" or reduce not in GATHER_REDUCTIONS:
+        return gather_reduce_eager(source, csr, rows, reduce, transpose)
+    _check(source, csr, reduce)
+    columns = source.shape[0]
+    a, b = (columns, rows) if transpose else (rows, columns)
+    offsets, index = unpack_csr(csr, a, b, transpose=transpose)
+    sizes = numpy.diff(offsets.numpy())
+    row_of_entry = torch.from_numpy(numpy.repeat(numpy.arange(rows), sizes))
+    width = math.prod(source.shape[1:])
+    flat = source.reshape(columns, width)
+    out = flat.new_zeros((rows, width)).index_add_(0, row_of_entry, flat.index_select(0, index))
+    if reduce == "mean" and source.dtype in _NUMPY_FLOATS:
+        out = out * torch.from_numpy(_inverse_sizes(sizes, source.dtype)).unsqueeze(1)
+    elif reduce == "mean":
+        out = out / _counts(offsets, source.dtype).unsqueeze(1)
+    return out.reshape((rows, *source.shape[1:]))
+
+
+def gather_rows_indexed(source: Tensor, csr: Tensor) -> Tensor:
+    """:data:`gather_rows` as ``index_select`` with ATen's autograd (see :func:`gather_reduce_indexed`)."""
+    if source.device.type != "cpu":
+        return gather_rows_eager(source, csr)
+    return _gather_rows(source, csr)
+
+
+#: the custom ops of this module -> their forms for graphs whose index tensors are new on every call
+INDEXED_FORMS = {gather_reduce: gather_reduce_indexed, gather_rows: gather_rows_indexed}

@@ -17,8 +17,8 @@ import torch.fx as fx
 
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, distinct_outputs,
                fold_bias, fuse_linear, grouping, inplace, linear_layout, lstm_cells, mode_regions, padded_gathers,
-               postpone_gathers, recompute_gathers, rewrite_search, row_writes, simplify_gathers, split_views,
-               values_indices, vectorize)
+               postpone_gathers, recompute_gathers, rewrite_search, row_writes, segment_provider, simplify_gathers,
+               split_views, values_indices, vectorize)
 from .context import PassContext
 
 
@@ -78,6 +78,8 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("cleanup", cleanup.run, "dead code, reshape chains, lint", ("distinct_outputs",), on_unions=True),
     Pass("recompute_gathers", recompute_gathers.run, "edge-sized gathers: recompute in backward, not saved",
          ("cleanup",), optional=True),
+    Pass("segment_provider", segment_provider.run, "segment_reduce calls name options.segment_provider",
+         _VECTORIZED, on_unions=True),
 )
 
 #: the optimizer passes that ``options["disable"]`` may name

@@ -35,12 +35,12 @@ from dynamo_relational import cost
 from dynamo_relational.kernels.gather_reduce import pack_csr
 from dynamo_relational.ops import TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import row_wise
+from dynamo_relational.ops.facts import takes_three_tensors
 
 from .context import PassContext
 from .gather_nodes import add_constant, as_gather, rows
 
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
-_NOT_ABSORBED = (torch.clamp, torch.clip, torch.where, torch.lerp, torch.addcmul)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -65,7 +65,7 @@ def apply(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 def _row_operand(node: fx.Node) -> fx.Node | None:
     """The one operand of a row-wise elementwise ``node`` that carries rows, else None."""
-    if not row_wise(node) or node.target in _NOT_ABSORBED:
+    if not row_wise(node) or takes_three_tensors(node.op, node.target):
         return None
     out = tensor_info(node)
     operands = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]

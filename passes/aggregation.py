@@ -26,20 +26,20 @@ grouping pass a fan-in to vectorize as one segment or dense reduction.
 """
 from __future__ import annotations
 
-import operator
 
 import torch
 import torch.fx as fx
 
 from dynamo_relational.ops import aggregate_fn, tensor_info
 from dynamo_relational.ops.aggregate import REDUCTIONS
+from dynamo_relational.ops.elementwise import ADDITIONS
 from dynamo_relational.ops.facts import is_zeros
+from dynamo_relational.ops.reduce import REDUCTION_OF
 
 from .context import PassContext
 
-_ADD = {operator.add, torch.add, "add", "__radd__"}
-_STACK_REDUCERS = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin",
-                   "sum": "sum", "mean": "mean", "amax": "amax", "amin": "amin"}
+#: the reductions of a stack that become aggregations (all but ``prod``)
+_STACK_REDUCERS = {target: name for target, name in REDUCTION_OF.items() if name in REDUCTIONS}
 
 
 _Node = fx.Node
@@ -57,7 +57,7 @@ def _is_zero(value, like=None) -> bool:
 
 def _addends(node: fx.Node):
     """The two operands of ``node`` if it is an aggregable addition, else None."""
-    if node.op not in ("call_function", "call_method") or node.target not in _ADD or node.kwargs:
+    if node.op not in ("call_function", "call_method") or node.target not in ADDITIONS or node.kwargs:
         return None
     args = node.args
     if len(args) != 2:
@@ -107,7 +107,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if ctx.keep_order:
         return gm
     graph = gm.graph
-    additions = {node for node in _candidates(graph, _ADD) if _addends(node) is not None}
+    additions = {node for node in _candidates(graph, ADDITIONS) if _addends(node) is not None}
     reducers = set(_candidates(graph, _STACK_REDUCERS))
     stack_sums: dict[fx.Node, list] = {}   # torch.stack(...).sum(0) aggregations: a sum may absorb their terms
     rewritten = 0

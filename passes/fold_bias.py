@@ -17,18 +17,16 @@ are the same maps (the bias's is the row sum of the output's).
 """
 from __future__ import annotations
 
-import operator
 
-import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
 from dynamo_relational.ops import tensor_info
+from dynamo_relational.ops.elementwise import ADDITIONS
 from dynamo_relational.ops.matmul import LinearArgs, linear_args
 
 from .context import PassContext
 
-_ADD = (torch.add, operator.add)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -52,8 +50,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 def _match(node: fx.Node) -> tuple[fx.Node, LinearArgs, fx.Node] | None:
     """``(product, its operands, bias)`` of an ``add`` that the module docstring's conditions allow
     folding, else None."""
-    is_add = (node.op == "call_function" and node.target in _ADD) or (node.op == "call_method" and node.target == "add")
-    if not is_add or len(node.args) != 2 or node.kwargs:
+    if node.op not in ("call_function", "call_method") or node.target not in ADDITIONS or len(node.args) != 2 \
+            or node.kwargs:
         return None
     for product, bias in (node.args, reversed(node.args)):
         linear = _bias_free_linear(product)

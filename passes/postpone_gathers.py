@@ -32,12 +32,12 @@ import torch.fx as fx
 
 from dynamo_relational.ops import TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import row_wise
+from dynamo_relational.ops.facts import takes_three_tensors
 from dynamo_relational.ops.matmul import linear_args, product_operands
 
 from .context import PassContext
 from .gather_nodes import as_gather, rows, set_source
 
-_BOUNDED = (torch.clamp, torch.clip)  # clamp's bounds may be tensors
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -102,7 +102,8 @@ def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
         weight, x = tensor_info(user.args[1]), tensor_info(operand)
         return info is not None and weight is not None and weight.rank == 2 and x is not None and x.rank == 2
     # an elementwise op of this operand and constants; its result's rows are like the operand's (_result_row)
-    return row_wise(user) and user.target not in _BOUNDED and not any(isinstance(a, fx.Node) for a in rest) \
+    return row_wise(user) and not takes_three_tensors(user.op, user.target) \
+        and not any(isinstance(a, fx.Node) for a in rest) \
         and tensor_info(user) is not None and tensor_info(operand) is not None \
         and tensor_info(user).dtype == tensor_info(operand).dtype
 

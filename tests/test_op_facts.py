@@ -67,6 +67,13 @@ def test_random_ops_are_the_ones_torch_tags_seeded():
     assert not any(facts.target_draws_random_numbers("call_function", f) for f in (torch.add, torch.zeros, len))
 
 
+def test_ops_of_three_tensors_are_told_from_binary_ones():
+    for target in (torch.where, torch.lerp, torch.addcmul, torch.clamp, "clamp"):
+        assert facts.takes_three_tensors("call_method" if isinstance(target, str) else "call_function", target)
+    for target in (torch.add, torch.mul, torch.sigmoid, operator.add, torch.mm):
+        assert not facts.takes_three_tensors("call_function", target), target
+
+
 def _storages(value) -> set:
     if isinstance(value, torch.Tensor):
         return {value.untyped_storage().data_ptr()} if value.layout == torch.strided and value.numel() else set()

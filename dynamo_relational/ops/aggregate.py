@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from dynamo_relational.kernels.gather_reduce import GATHER_REDUCTIONS
 
-from .base import NeuronOp, OpFamily, register, tensor_info
+from .base import NeuronOp, OpFamily, TensorInfo, register, tensor_info
 
 REDUCTIONS = ("sum", "mean", "amax", "amin")
 
@@ -36,11 +36,9 @@ def aggregate(terms: list[torch.Tensor], reduce: str) -> torch.Tensor:
     return getattr(torch.stack(terms), reduce)(0)
 
 
-def _terms_info(terms) -> list | None:
-    if not isinstance(terms, (list, tuple)) or not terms:
-        return None
-    infos = [tensor_info(t) for t in terms]
-    return None if any(i is None for i in infos) else infos
+def _terms_info(terms: Sequence[fx.node.Argument]) -> list[TensorInfo] | None:
+    infos = [i for i in map(tensor_info, terms) if i is not None]
+    return infos if terms and len(infos) == len(terms) else None
 
 
 class Aggregate(OpFamily):
@@ -117,8 +115,8 @@ class Stack(OpFamily):
         dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
         if len(node.args) > 2 or set(node.kwargs) - {"tensors", "dim"} or type(dim) is not int:
             return "stack/cat with unexpected arguments"
-        infos, info = _terms_info(terms), tensor_info(node)
-        if infos is None or info is None:
+        info = tensor_info(node)
+        if not isinstance(terms, (list, tuple)) or (infos := _terms_info(terms)) is None or info is None:
             return "stack/cat of something other than tensors of static shape"
         if len({(i.dtype, i.device) for i in infos}) > 1:
             return "stack/cat of mixed dtypes or devices"
@@ -137,6 +135,7 @@ class Stack(OpFamily):
         g, k, first = b.graph, len(members), members[0]
         dim, n = first.template, len(first.operands)
         term = tensor_info(first.operands[0])
+        assert term is not None   # (describe checked)
         if all(tensor_info(t) == term for t in first.operands):
             data = b.gather([t for m in members for t in m.operands])
             stacked = g.call_method("reshape", (data, (k, n, *term.shape)))

@@ -16,7 +16,7 @@ their weight and bias must be shared by the group.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from .base import NeuronOp, OpFamily, hashable_const, node_args, register, tensor_info
 
 #: op -> (the function a group calls, the extra arguments it takes besides input and dim, with defaults)
-_OPS = {
+_OPS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "softmax": (torch.softmax, {"dtype": None}),
     "log_softmax": (torch.log_softmax, {"dtype": None}),
     "softmin": (F.softmin, {"dtype": None}),
@@ -107,6 +107,7 @@ class Along(OpFamily):
             elif args.get("correction", 0) is None:
                 del args["correction"]   # the default
         dim = args.pop("dim", _DEFAULT_DIM.get(op))
+        dims: int | tuple[int, ...]
         if dim is None and op in _IMPLICIT_DIM:
             dim = 0 if xi.rank in (0, 1, 3) else 1
         if dim is None and op in _OVER_DIMS:
@@ -143,12 +144,14 @@ ALONG = register(Along(), functions=[t for t in _TARGETS if not isinstance(t, st
 class TrailingNorm(OpFamily):
     """``F.layer_norm(h, shape, weight, bias, eps)`` and ``F.rms_norm(h, shape, weight, eps)``."""
     name = "trailing_norm"
-    _NAMES = {F.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps"),
-              torch.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"),
-              F.rms_norm: ("input", "normalized_shape", "weight", "eps"),
-              torch.rms_norm: ("input", "normalized_shape", "weight", "eps")}
+    _NAMES: dict[Callable[..., Any], tuple[str, ...]] = {
+        F.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps"),
+        torch.layer_norm: ("input", "normalized_shape", "weight", "bias", "eps", "cudnn_enable"),
+        F.rms_norm: ("input", "normalized_shape", "weight", "eps"),
+        torch.rms_norm: ("input", "normalized_shape", "weight", "eps")}
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
+        assert not isinstance(node.target, str)   # (norms are functions)
         args = node_args(node, self._NAMES[node.target])
         op = node.target.__name__   # layer_norm or rms_norm
         if args is not None:
@@ -171,7 +174,7 @@ class TrailingNorm(OpFamily):
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         first = members[0]
         x, batched = b.slot([m.operands[0] for m in members])
-        affine = []
+        affine: list[fx.Node | None] = []
         for j in (1, 2):
             if first.operands[j] is None:
                 affine.append(None)
@@ -196,10 +199,11 @@ class Similarity(OpFamily):
     values of one shape. Both compare the slices along one dimension (the last for a distance), so
     operands batched along a new first dimension (or one of them shared, broadcast) compare row by row."""
     name = "similarity"
-    _NAMES = {torch.cosine_similarity: ("x1", "x2", "dim", "eps"),
-              torch.pairwise_distance: ("x1", "x2", "p", "eps", "keepdim")}
+    _NAMES: dict[Callable[..., Any], tuple[str, ...]] = {torch.cosine_similarity: ("x1", "x2", "dim", "eps"),
+                                                         torch.pairwise_distance: ("x1", "x2", "p", "eps", "keepdim")}
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
+        assert not isinstance(node.target, str)   # (similarities are functions)
         op = node.target.__name__
         args = node_args(node, self._NAMES[node.target])
         if args is None or not isinstance(args.get("x1"), fx.Node) or not isinstance(args.get("x2"), fx.Node):

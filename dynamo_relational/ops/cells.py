@@ -23,18 +23,21 @@ class Cell(OpFamily):
     name = "cell"
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
-        args = node.args
+        args, target = node.args, node.target
+        assert not isinstance(target, str)   # (cells are functions)
         if node.kwargs or len(args) not in (4, 6) or not all(isinstance(a, fx.Node) for a in args):
-            return f"{node.target.__name__} with unexpected arguments"
-        infos = [tensor_info(a) for a in args]
+            return f"{target.__name__} with unexpected arguments"
+        infos = [i for i in map(tensor_info, args) if i is not None]
         info = tensor_info(node)
-        if info is None or any(i is None for i in infos) or infos[0].rank != 2 or infos[1].rank != 2:
-            return f"{node.target.__name__} of something other than [batch, features] tensors"
+        if info is None or len(infos) != len(args) or infos[0].rank != 2 or infos[1].rank != 2:
+            return f"{target.__name__} of something other than [batch, features] tensors"
         return NeuronOp(node, self, (self.name, node.target, tuple(infos), info), tuple(args), info)
 
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         first, k, g = members[0], len(members), b.graph
-        rows, features = tensor_info(first.operands[0]).shape
+        xi = tensor_info(first.operands[0])
+        assert xi is not None   # (describe checked)
+        rows, features = xi.shape
         hidden = first.info.shape[1]
         (x, x_varies), (state, state_varies), *weights = (b.slot([m.operands[j] for m in members])
                                                           for j in range(len(first.operands)))

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import operator
 import types
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .base import (REGISTRY, NeuronOp, OpFamily, freeze, hashable_const, is_scalar, node_args, register,
+from .base import (REGISTRY, NeuronOp, OpFamily, TensorInfo, freeze, hashable_const, is_scalar, node_args, register,
                    register_resolver, tensor_info)
 
 
@@ -48,6 +48,8 @@ class _VaryingConst(_Slot):
 
 #: low-precision dtypes whose products and quotients with a Python scalar eager computes in float32
 _OPMATH = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+#: the targets of an addition of two values, as functions and as methods
+ADDITIONS = frozenset((operator.add, torch.add, "add", "__add__", "__radd__"))
 _SCALED = {operator.mul, operator.truediv, torch.mul, torch.div, "mul", "div", "__rmul__", "__rtruediv__"}
 _ARITHMETIC = {operator.add, operator.sub, operator.mul, operator.truediv, torch.add, torch.sub,
                torch.mul, torch.div, "add", "sub", "mul", "div", "__radd__", "__rsub__", "__rmul__",
@@ -84,11 +86,11 @@ class Elementwise(OpFamily):
             if isinstance(value, fx.Node):
                 return "masked_fill with a tensor value"   # batched, the value would not be 0-d
         if len(operands) > 1 and info.rank > 0:
-            infos = [tensor_info(o) for o in operands]
+            infos = [_operand_info(o) for o in operands]
             if len({i.dtype for i in infos}) > 1 and any(i.rank == 0 for i in infos):
                 # 0-d tensors take part in type promotion like scalars; batched they would not.
                 return "mixed dtypes with a 0-d operand"
-        if _resolved(node) and _broadcast_shape([tensor_info(o).shape for o in operands]) != info.shape:
+        if _resolved(node) and _broadcast_shape([_operand_info(o).shape for o in operands]) != info.shape:
             return "output shape is not the operands' broadcast shape"
         key = (self.name, node.op, node.target, tuple(frozen), tuple(kwargs), info)
         return NeuronOp(node, self, key, tuple(operands), info, tuple(consts), (args, kwargs, column_dtype))
@@ -105,7 +107,7 @@ class Elementwise(OpFamily):
             else:
                 shared.append(j)
             values.append(value)
-        if out.rank == 0 and shared and len({tensor_info(o).dtype for o in first.operands}) > 1:
+        if out.rank == 0 and shared and len({_operand_info(o).dtype for o in first.operands}) > 1:
             # 0-d tensors take part in type promotion like scalars: beside batched rows, which are not 0-d,
             # a shared 0-d operand of another dtype would count for less than it did in each member
             for j in shared:
@@ -147,9 +149,16 @@ class Elementwise(OpFamily):
         return result
 
 
+def _operand_info(operand: fx.Node) -> TensorInfo:
+    """The info of a member's operand: a tensor of static shape (see :func:`_template`)."""
+    info = tensor_info(operand)
+    assert info is not None
+    return info
+
+
 def _resolved(node: fx.Node) -> bool:
     """Whether ``node`` is a member by torch's pointwise tag (see :func:`_resolve_pointwise`), not a hand table."""
-    table = REGISTRY.functions if node.op == "call_function" else REGISTRY.methods
+    table: dict[Any, OpFamily] = REGISTRY.functions if node.op == "call_function" else REGISTRY.methods
     return table.get(node.target) is not ELEMENTWISE
 
 
@@ -255,11 +264,13 @@ _METHODS = [# scalars per neuron, bounds, fill values (as above)
             "to", "type", "type_as", "float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte",
             "bool", "cfloat", "cdouble", "chalf"]
 #: dropout: the identity outside training (grouped), random numbers in training (left alone, in order)
-RANDOM_IN_TRAINING = {F.dropout: ("input", "p", "training", "inplace"), torch.dropout: ("input", "p", "train")}
+RANDOM_IN_TRAINING: dict[Callable[..., Any], tuple[str, ...]] = {F.dropout: ("input", "p", "training", "inplace"),
+                                                                  torch.dropout: ("input", "p", "train")}
 
 
 def in_training(node: fx.Node) -> bool:
     """Whether a dropout ``node`` may be in training mode (anything but a literal ``training=False``)."""
+    assert not isinstance(node.target, str)   # (dropouts are functions)
     names = RANDOM_IN_TRAINING[node.target]
     args = node_args(node, names)
     return args is None or args.get(names[2], True) is not False

@@ -32,9 +32,9 @@ _TORCH_MODULES = frozenset(("torch", "torch.functional", "torch.nn.functional", 
                             "torch._C._linalg", "torch._C._VariableFunctions", "torch._tensor"))
 
 #: tensor methods defined in Python or by the binding layer, not ATen, that may return the tensor itself
-#: (a cast to the dtype or device it already has)
+#: (a cast to the dtype it already has)
 _RETURN_SELF_METHODS = frozenset(("float", "double", "half", "bfloat16", "int", "long", "short", "char", "byte", "bool",
-                                  "cfloat", "cdouble", "chalf", "type", "type_as", "sum_to_size"))
+                                  "cfloat", "cdouble", "chalf", "type"))
 #: ATen ops whose schema does not annotate that they may return their input or views of it (found by the
 #: op_db check in tests/test_op_facts.py); the second kind may return views of any of their operands
 _UNANNOTATED_ALIASES = frozenset(("type_as", "sum_to_size"))
@@ -167,7 +167,7 @@ def may_alias(node: fx.Node) -> bool:
 #: copies that place their operands' elements by position alone, as views do
 _MOVING_COPIES = frozenset(("cat", "stack", "clone", "repeat"))
 #: casts: they may return their operand (:data:`_RETURN_SELF_METHODS`) but change its values' type
-_CASTS = _RETURN_SELF_METHODS | {"to"}
+_CASTS = _RETURN_SELF_METHODS | {"to", "type_as"}
 
 
 def is_cast(node: fx.Node) -> bool:
@@ -224,6 +224,21 @@ def is_view(node: fx.Node) -> bool:
         return len(node.args) == 2 and isinstance(node.args[1], str) and node.args[1] in ("T", "mT", "H", "mH")
     return (node.op in ("call_function", "call_method") and node.target is not operator.getitem
             and may_alias(node) and not writes(node) and aten_name(node.op, node.target) is not None)
+
+
+def _is_tensor_argument(t: torch._C.JitType) -> bool:
+    return isinstance(t, torch.TensorType) or isinstance(t, torch.OptionalType) and isinstance(
+        t.getElementType(), torch.TensorType)
+
+
+@lru_cache(maxsize=4096)
+def takes_three_tensors(op: str, target: Any) -> bool:
+    """Whether some overload of ``target`` takes three or more tensors (``where``, ``lerp``, ``addcmul``, and
+    ``clamp`` with tensor bounds): a rewrite that moves a gather through a binary op does not cover it."""
+    name = aten_name(op, target)
+    return name is not None and any(
+        sum(_is_tensor_argument(a.type) and not (a.alias_info and a.alias_info.is_write) for a in s.arguments) >= 3
+        for s in _schemas(name))   # (an out= tensor is no operand)
 
 
 @lru_cache(maxsize=4096)

@@ -2,14 +2,18 @@
 group reduces the same dimensions shifted by one, keeping the member dimension."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
 
 from .base import NeuronOp, OpFamily, node_args, register, tensor_info
 
-_NAMES = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin", torch.prod: "prod"}
+_NAMES: dict[Callable[..., Any], str] = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin",
+                                         torch.prod: "prod"}
+#: the reduction each target makes, by function or method name (``torch.sum``, ``h.sum``: ``"sum"``)
+REDUCTION_OF: dict[Callable[..., Any] | str, str] = {target: name for target, name in _NAMES.items()}
+REDUCTION_OF.update({name: name for name in _NAMES.values()})
 
 
 class Reduce(OpFamily):
@@ -29,11 +33,11 @@ class Reduce(OpFamily):
         if dim is None or dim == [] or dim == ():
             dims = tuple(range(xi.rank))
         else:
-            dims = dim if isinstance(dim, (list, tuple)) else (dim,)
-            if not all(type(d) is int for d in dims):
+            given = dim if isinstance(dim, (list, tuple)) else (dim,)
+            if not all(type(d) is int for d in given):
                 return "reduction over non-constant dims"
-            dims = tuple(sorted(d % max(xi.rank, 1) for d in dims))
-        name = node.target if node.op == "call_method" else _NAMES[node.target]
+            dims = tuple(sorted(d % max(xi.rank, 1) for d in given))
+        name = node.target if isinstance(node.target, str) else _NAMES[node.target]
         return NeuronOp(node, self, (self.name, name, dims, keepdim, xi, info), (x,), info, (), (name, dims, keepdim))
 
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
@@ -41,7 +45,9 @@ class Reduce(OpFamily):
         name, dims, keepdim = members[0].template
         if not batched:
             return None
-        if tensor_info(members[0].operands[0]).rank == 0:
+        xi = tensor_info(members[0].operands[0])
+        assert xi is not None   # (describe checked)
+        if xi.rank == 0:
             return x  # reducing a 0-d value is the identity
         shifted = tuple(d + 1 for d in dims)
         if name != "prod":

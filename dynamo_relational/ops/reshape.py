@@ -7,7 +7,7 @@ operand with the members' dimensions shifted by one.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
@@ -37,13 +37,14 @@ RESHAPE = register(Reshape(), functions=[torch.reshape, torch.unsqueeze, torch.s
 
 
 #: layout ops -> their argument names (``*sizes`` and ``*dims`` arrive as one tuple or as many ints)
-_LAYOUT = {"expand": ("input", "size"), "expand_as": ("input", "other"), "repeat": ("input", "repeats"),
-           torch.tile: ("input", "dims"), "tile": ("input", "dims"), torch.flip: ("input", "dims"),
-           "flip": ("input", "dims"), torch.roll: ("input", "shifts", "dims"), "roll": ("input", "shifts", "dims"),
-           torch.transpose: ("input", "dim0", "dim1"), "transpose": ("input", "dim0", "dim1"),
-           torch.swapaxes: ("input", "axis0", "axis1"), "swapaxes": ("input", "axis0", "axis1"),
-           torch.permute: ("input", "dims"), "permute": ("input", "dims"), torch.t: ("input",), "t": ("input",),
-           getattr: ("input", "name")}   # h.T, h.mT
+_LAYOUT: dict[Callable[..., Any] | str, tuple[str, ...]] = {
+    "expand": ("input", "size"), "expand_as": ("input", "other"), "repeat": ("input", "repeats"),
+    torch.tile: ("input", "dims"), "tile": ("input", "dims"), torch.flip: ("input", "dims"),
+    "flip": ("input", "dims"), torch.roll: ("input", "shifts", "dims"), "roll": ("input", "shifts", "dims"),
+    torch.transpose: ("input", "dim0", "dim1"), "transpose": ("input", "dim0", "dim1"),
+    torch.swapaxes: ("input", "axis0", "axis1"), "swapaxes": ("input", "axis0", "axis1"),
+    torch.permute: ("input", "dims"), "permute": ("input", "dims"), torch.t: ("input",), "t": ("input",),
+    getattr: ("input", "name")}   # h.T, h.mT
 _VARIADIC = {"expand", "repeat", "tile", "flip", "permute"}   # methods that also take the ints unpacked
 
 
@@ -57,9 +58,10 @@ class Layout(OpFamily):
         target = node.target
         op = target if isinstance(target, str) else target.__name__
         if target is getattr:
-            op = node.args[1] if len(node.args) == 2 else None
-            if op not in ("T", "mT"):
-                return f"attribute {op!r}"
+            attribute = node.args[1] if len(node.args) == 2 else None
+            if not isinstance(attribute, str) or attribute not in ("T", "mT"):
+                return f"attribute {attribute!r}"
+            op = attribute
         args = node.args
         if op in _VARIADIC and isinstance(target, str) and len(args) >= 2 and all(type(a) is int for a in args[1:]):
             args = (args[0], tuple(args[1:]))   # h.repeat(2, 3) is h.repeat((2, 3))
@@ -129,7 +131,7 @@ def _plan(op: str, named: dict, xi, info) -> tuple | str:
             return f"roll by {shifts!r}"
         shifts = tuple(shifts) if isinstance(shifts, (list, tuple)) else shifts
         if dims is None or dims == ():
-            return ("roll", shifts, None) if type(shifts) is int or len(shifts) == 1 else "roll without dims"
+            return ("roll", shifts, None) if isinstance(shifts, int) or len(shifts) == 1 else "roll without dims"
         dims = dims_of(dims)
         return ("roll", shifts, dims) if dims is not None else f"roll along {named.get('dims')!r}"
     if op in ("t", "T"):

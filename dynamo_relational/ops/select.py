@@ -89,6 +89,7 @@ class Select(OpFamily):
         src = tensor_info(first.operands[0])
         device = first.info.device
         if len(first.consts) == 1 and not batched:
+            assert src is not None   # (describe checked)
             b.size.setdefault(source, src.shape[0])
             rows = b.take(source, [m.consts[0] for m in members], b.row_info(first.operands[0]))
         else:
@@ -122,7 +123,8 @@ def _constant_index(node) -> tuple[int, tuple] | None:
         if isinstance(value, (list, tuple)) and len(value) == 1 and type(value[0]) is int:
             return value[0], (1,)
         return None
-    if node.op == "get_attr" and node.target.startswith("_tensor_constant") and node.graph.owning_module is not None:
+    if node.op == "get_attr" and isinstance(node.target, str) and node.target.startswith("_tensor_constant") \
+            and node.graph.owning_module is not None:
         value = getattr(node.graph.owning_module, node.target, None)
         if (isinstance(value, torch.Tensor) and value.dim() <= 1 and value.numel() == 1
                 and value.dtype in (torch.long, torch.int)):
