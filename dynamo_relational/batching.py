@@ -42,6 +42,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 import numpy
 import torch
+import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -99,6 +100,8 @@ class BatchReport:
     assembly_seconds: list[float] = field(default_factory=list)
     #: FX nodes of the current union before and after grouping
     union_nodes: tuple[int, int] = (0, 0)
+    #: groups of the current union's schedule, and ED-Batch's lower bound on them (``explain()``'s quality)
+    union_groups: tuple[int, int] = (0, 0)
 
     def __str__(self) -> str:
         assembly = sorted(self.assembly_seconds)
@@ -106,6 +109,7 @@ class BatchReport:
         lines = [
             ("samples", self.samples), ("batches", self.batches), ("structures traced", self.structures),
             ("unions grouped", self.groupings), ("union FX nodes before/after", "%d / %d" % self.union_nodes),
+            ("union groups / lower bound", "%d / %d" % self.union_groups),
             ("samples run eagerly (structure new to the union)", self.eager_samples),
             ("batches run one sample at a time", self.unbatched), ("tracing [s]", f"{self.trace_seconds:.2f}"),
             ("grouping [s]", f"{self.grouping_seconds:.2f}"), ("assembly per batch, median [ms]", f"{median:.2f}"),
@@ -297,7 +301,7 @@ class BatchedModule(nn.Module):
             with gc_paused():
                 union, layout = build(graphs, self._params())
                 nodes_before = len(union.graph.nodes)
-                union = _grouped(union, self.options)
+                union, stats = _grouped(union, self.options)
                 owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
                 plan = analyse(union, owners, len(keys))
         except (NotBatchable, Refused) as e:
@@ -306,6 +310,7 @@ class BatchedModule(nn.Module):
             self.report.grouping_seconds += time.perf_counter() - start
         self.report.groupings += 1
         self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
+        self.report.union_groups = (stats["groups"], stats["lower_bound"])
         run = aten_executor(plan.graph, INDEXED_FORMS).forward   # (new indices every batch: no sparse matrices)
         return _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, run)
 
@@ -348,14 +353,15 @@ class BatchedModule(nn.Module):
         return [self.model(*sample) for sample in samples]
 
 
-def _grouped(union, options: Options):
+def _grouped(union, options: Options) -> tuple[fx.GraphModule, dict]:
+    """The union grouped by :data:`UNION_PASSES`, and the passes' stats (with the schedule's lower bound)."""
     # every group is vectorized, however small: a per-sample node left as it is could not be restricted
-    ctx = PassContext(dataclasses.replace(options, min_group_size=1))
+    ctx = PassContext(dataclasses.replace(options, min_group_size=1), detailed=True)
     for step in UNION_PASSES:
         union = step.run(union, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the union keeps its order: {ctx.keep_order[0]}")
-    return union
+    return union, ctx.stats
 
 
 def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Tensor:

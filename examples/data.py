@@ -91,3 +91,25 @@ def random_forest(trees: int, nodes: int, seed: int = 0) -> list[list[list[int]]
             children[rng.randrange(max(1, v - 3), v) if v > 1 else 0].append(v)
         forest.append(children)
     return forest
+
+
+def random_binary_forest(trees: int, leaves: int, seed: int = 0) -> list[list[list[int]]]:
+    """``trees`` random full binary trees of ``leaves`` leaves each (pairs merged at random, as a parser
+    builds them): children lists per tree, node 0 the root, every child numbered after its parent."""
+    rng = random.Random(seed)
+    forest = []
+    for _ in range(trees):
+        children: dict[int, list[int]] = {}
+        pool = list(range(leaves))
+        while len(pool) > 1:
+            pair = rng.sample(pool, 2)
+            for v in pair:
+                pool.remove(v)
+            children[leaves + len(children)] = pair
+            pool.append(leaves + len(children) - 1)
+        order = [pool[0]]   # breadth first from the root: children after their parent
+        for v in order:
+            order += children.get(v, [])
+        number = {v: i for i, v in enumerate(order)}
+        forest.append([[number[c] for c in children.get(v, [])] for v in order])
+    return forest
