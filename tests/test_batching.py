@@ -2,6 +2,7 @@
 sample by sample equal to eager (outputs and gradients), with no tracing or grouping for known structures."""
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -31,6 +32,27 @@ def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind, model
     assert report.unbatched == 0, report.unbatched_reason
     assert report.structures == len(data) and report.groupings <= 2
     assert (report.structures, report.groupings) == second_epoch   # nothing traced or grouped in epoch 3
+
+
+def test_the_readme_training_loop_over_a_data_loader_trains_as_eager_does():
+    """README's loop: a DataLoader of ((tree, tokens), target) pairs collated as lists, one step per batch."""
+    data = [(sample, torch.randn(())) for sample in dataset("treernn", 24)]
+    model = TreeRNN(data[0][0][1].shape[1]).double()
+    eager = copy.deepcopy(model)
+    batched = dynamo_relational.batch(model, progress=False)
+    for net, run in ((model, batched), (eager, lambda samples: [eager(*s) for s in samples])):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.001)
+        torch.manual_seed(0)   # the same shuffles for both
+        for _ in range(2):
+            for pairs in torch.utils.data.DataLoader(data, batch_size=5, shuffle=True, collate_fn=list):
+                outputs = run([(children, x.double()) for (children, x), _ in pairs])
+                loss = sum(((out.sum() - target) ** 2 for out, (_, target) in zip(outputs, pairs)), torch.tensor(0.))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+    assert batched.report.groupings >= 1 and batched.report.batches > batched.report.unbatched
+    for got, want in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(got, want, **BATCH_TOLERANCE)
 
 
 def test_a_structure_repeated_in_a_batch_and_batches_of_other_sizes():
