@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy
 import torch
@@ -43,7 +43,7 @@ from dynamo_relational.passes.vectorize import ROW_SAMPLES
 
 from .assembly import Assembly
 from .ops import REGISTRY, tensor_info
-from .ops.base import value_info
+from .ops.base import TensorInfo, value_info
 from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
 from .ops.matmul import linear_args, product_operands
@@ -129,7 +129,7 @@ class CatRows(Rows):
 
     def __init__(self, parts: Sequence[Rows]):
         leaves = [leaf for p in parts for leaf in (p.leaves if type(p) is CatRows else [p])]
-        self.leaves = leaves
+        self.leaves: list[Rows] = leaves
         self.owner = numpy.concatenate([p.owner for p in leaves])
         self.rows = self.owner.shape[0]
         self.starts = numpy.cumsum([0] + [p.rows for p in leaves])
@@ -229,7 +229,7 @@ class _Analysis:
         self.index_nodes: set[fx.Node] = set()
         #: (gather, its index tensor, how a batch restricts it); one index tensor may serve several gathers
         self.indices: list[tuple[fx.Node, fx.Node, GatherIndex]] = []
-        self.sizes: list[tuple[fx.Node, int, Rows]] = []   # (node, position in args, rows it counts)
+        self.sizes: list[tuple[fx.Node, tuple[int, ...], Rows]] = []   # (node, path to it in args, rows it counts)
         self._interned: dict[bytes, Rows] = {}
         self._shared_rows: dict[fx.Node, SharedRows] = {}
 
@@ -289,7 +289,7 @@ class _Analysis:
         rows = _row_wise(node, [self.rows[a] for a in with_rows], with_rows, self)
         self._tag(node, rows)
 
-    def _tag(self, node: fx.Node, rows: Rows, size_arg: tuple[int, int] | None = None) -> None:
+    def _tag(self, node: fx.Node, rows: Rows, size_arg: tuple[int, ...] | None = None) -> None:
         tagged = node.meta.get(ROW_SAMPLES)
         if tagged is not None and not numpy.array_equal(numpy.asarray(tagged), rows.owner):
             raise Refused(f"{_describe(node)}: the rows' samples do not match the grouping's")
@@ -324,8 +324,9 @@ class _Analysis:
             return False
         if source not in self.rows and source not in self.shared:
             raise Refused(f"{_describe(node)} gathers from a value that is neither shared nor rows of samples")
-        source_info, out_info = tensor_info(source), tensor_info(node)
-        source_rows, out_rows = source_info.shape[0], out_info.shape[0]
+        # (source is a key of self.rows or self.shared, csr of self.index_nodes: a get_attr node)
+        assert isinstance(source, fx.Node) and isinstance(csr, fx.Node) and isinstance(csr.target, str)
+        source_rows, out_rows = _static_info(source).shape[0], _static_info(node).shape[0]
         constant = _attribute(self.gm, csr.target)
         if kind in ("select", "rows"):
             offsets, index = None, (constant if kind == "select" else unpack_csr(constant, out_rows, source_rows)[1])
@@ -336,9 +337,10 @@ class _Analysis:
         offsets = offsets.long().cpu().numpy() if offsets is not None else None
         index = index.long().cpu().numpy() if index is not None else None
         source_owner = self.rows[source] if source in self.rows else None
-        if kind == "segments" and (type(source_owner) is not Rows or int(offsets[0]) != 0
-                                   or int(offsets[-1]) != source_rows):
-            raise Refused(f"{_describe(node)}: segments that do not cover their rows in order")
+        if kind == "segments":
+            assert offsets is not None   # (segment_reduce's constant is its offsets)
+            if type(source_owner) is not Rows or int(offsets[0]) != 0 or int(offsets[-1]) != source_rows:
+                raise Refused(f"{_describe(node)}: segments that do not cover their rows in order")
         out = self._gathered_rows(node, kind, source_owner, offsets, index)
         index_kind = "select" if kind == "rows" else kind
         self.indices.append((node, csr, GatherIndex(index_kind, out, source_owner, source_rows, offsets, index,
@@ -373,7 +375,8 @@ class _Analysis:
         graph = self.gm.graph
         data = list(graph.find_nodes(op="placeholder"))
         last = data[-1] if data else None
-        index_inputs, size_inputs = [], []
+        index_inputs: list[fx.Node] = []
+        size_inputs: list[fx.Node] = []
         for name, inputs, count in (("index", index_inputs, len(self.indices)), ("size", size_inputs, len(self.sizes))):
             for i in range(count):
                 first = next(iter(graph.nodes))
@@ -396,7 +399,7 @@ def _tagged_reader(node: fx.Node) -> fx.Node:
     rows (``node`` itself if none): a gather from a shared tensor that the vectorizer emitted for a group,
     whose tagged result is made from it (reshaped, activated). Each reader's row ``i`` reads row ``i`` of
     ``node`` only (checked when the reader is visited), so the sample of row ``i`` is the reader's."""
-    rows, at = tensor_info(node).shape[0], node
+    rows, at = _static_info(node).shape[0], node
     while len(at.users) == 1 and ROW_SAMPLES not in at.meta:
         reader = next(iter(at.users))
         info = tensor_info(reader)
@@ -410,9 +413,8 @@ def _propagate_shapes(gm: fx.GraphModule) -> None:
     """Every node's shape, from fake tensors (the passes leave some nodes without one, or with the shape of
     the group they were read from)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    inputs = [mode.from_tensor(torch.empty(tensor_info(n).shape, dtype=tensor_info(n).dtype,
-                                           device=tensor_info(n).device))
-              for n in gm.graph.find_nodes(op="placeholder")]
+    infos = [_static_info(n) for n in gm.graph.find_nodes(op="placeholder")]
+    inputs = [mode.from_tensor(torch.empty(info.shape, dtype=info.dtype, device=info.device)) for info in infos]
     FakeTensorProp(gm, mode).propagate_dont_convert_inputs(*inputs)
     for node in gm.graph.nodes:
         if "val" in node.meta:
@@ -426,11 +428,13 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
     target, args, kwargs = node.target, node.args, node.kwargs
     name = target if node.op == "call_method" else getattr(target, "__name__", str(target))
     info, rank = tensor_info(node), _rank(node)
-    if target is operator.getitem and args[0].op == "placeholder" and not isinstance(args[1], int):
+    if target is operator.getitem and isinstance(args[0], fx.Node) and args[0].op == "placeholder" \
+            and not isinstance(args[1], int):
         raise Refused(f"{_describe(node)}: forward uses a tensor argument as a whole; only its rows (x[v], "
                       "x[v, :k]) are batched")
     if target is torch.cat and _dim(args, kwargs, 1, 0, rank) == 0:
-        return CatRows([analysis.rows[a] if a in analysis.rows else analysis.shared_rows(a, node) for a in args[0]])
+        return CatRows([analysis.rows[a] if a in analysis.rows else analysis.shared_rows(a, node)
+                        for a in _joined(node)])
     if not all(r.same_as(first) for r in operand_rows[1:]):
         raise Refused(f"{_describe(node)} combines rows of different layouts")
     if info is None or rank == 0 or info.shape[0] != first.rows:
@@ -438,8 +442,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
             return _merged_rows(node, first, analysis)
         raise Refused(f"{_describe(node)} does not keep the rows of its operand")
     if target is torch.cat or target is torch.stack:
-        parts = args[0]
-        if any(p not in analysis.rows for p in parts) or _dim(args, kwargs, 1, 0, rank) == 0:
+        if any(p not in analysis.rows for p in _joined(node)) or _dim(args, kwargs, 1, 0, rank) == 0:
             raise Refused(f"{_describe(node)} joins rows of samples with other values")
         return first
     if _is_elementwise(node):
@@ -501,7 +504,7 @@ def _is_elementwise(node: fx.Node) -> bool:
 def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:
     """``x.reshape(k, c, ...)`` of rows ``x`` whose blocks of ``c`` consecutive rows belong to one sample
     each: the rows of the ``k`` blocks (a reduction over fan-in ``c`` reads it)."""
-    shape, before = node.args[1], tensor_info(node.args[0])
+    shape, before = node.args[1], _static_info(node.args[0])
     if type(rows) is not Rows or not isinstance(shape, tuple) or not shape or type(shape[0]) is not int \
             or shape[0] <= 0 or rows.rows % shape[0]:
         raise Refused(f"{_describe(node)} does not keep the rows of its operand")
@@ -510,8 +513,9 @@ def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:
     for s in before.shape[1:]:
         per_row *= s
     after = 1
-    for s in shape[1:]:
-        after *= s
+    for size in shape[1:]:
+        assert isinstance(size, int)   # (the tracer records sizes as ints)
+        after *= size
     owner = rows.owner.reshape(shape[0], block)
     if shape[1:2] != (block,) or after != block * per_row or not bool((owner == owner[:, :1]).all()):
         raise Refused(f"{_describe(node)} merges rows of different samples")
@@ -529,7 +533,7 @@ def _dims_by_schema(node: fx.Node, name: str, rank: int):
     """The ``dim`` argument of a call of ``torch.<name>`` (or the method), by the op's signature (``norm``'s
     second argument is ``p``, ``std``'s may be ``unbiased``); None where it is absent or not certain."""
     function = node.target if node.op == "call_function" else getattr(torch, name, None)
-    if function is None:
+    if not callable(function):   # (None: torch has no such function)
         return None
     try:
         bound = normalize_function(function, tuple(node.args), dict(node.kwargs), normalize_to_only_use_kwargs=True)
@@ -546,7 +550,7 @@ def _keeps_dim0(node: fx.Node, rank: int) -> bool:
         return False
     if target in ("reshape", "view", "expand"):
         shape = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
-        return bool(shape) and shape[0] == tensor_info(args[0]).shape[0]
+        return bool(shape) and isinstance(shape[0], int) and shape[0] == _static_info(args[0]).shape[0]
     if target in ("unsqueeze", "squeeze"):
         if len(args) != 2 or type(args[1]) is not int:
             return False
@@ -560,7 +564,7 @@ def _keeps_dim0(node: fx.Node, rank: int) -> bool:
         return len(args) >= 2 and type(args[1]) is int and args[1] % _rank(args[0]) != 0
     if target == "permute":
         dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
-        return bool(dims) and dims[0] % _rank(args[0]) == 0
+        return bool(dims) and type(dims[0]) is int and dims[0] % _rank(args[0]) == 0
     return False
 
 
@@ -571,6 +575,19 @@ def _dim(args, kwargs, position: int, default, rank: int):
     if isinstance(dim, (tuple, list)):
         return tuple(d % rank for d in dim)
     return dim % rank if type(dim) is int else None
+
+
+def _static_info(node: fx.node.Argument) -> TensorInfo:
+    """``tensor_info`` of a tensor: each has a static shape (the union's inputs from the trace, every other node
+    from :func:`_propagate_shapes`)."""
+    info = tensor_info(node)
+    assert info is not None, f"{node} is not a tensor of static shape"
+    return info
+
+
+def _joined(node: fx.Node) -> Sequence[fx.Node]:
+    """The tensors that ``torch.cat`` / ``torch.stack`` ``node`` joins."""
+    return cast(Sequence[fx.Node], node.args[0])   # (a list of tensors: FX holds each as a node)
 
 
 def _rank(node: Any) -> int:
