@@ -59,9 +59,10 @@ def compare(model: torch.nn.Module, *inputs, repeats: int = 10, options: dict | 
 
 
 def print_result(name: str, r: dict) -> None:
+    bound = "" if r["lower_bound"] is None else f", lower bound {r['lower_bound']}"
     print(f"{name}: max |compiled - eager| = {r['max_abs_diff']:.2e}; eager {r['eager_ms']:.2f} ms, "
           f"compiled {r['compiled_ms']:.3f} ms ({r['speedup']:.0f}x); FX nodes {r['nodes_before']} -> "
-          f"{r['nodes_after']} ({r['groups']} groups, lower bound {r['lower_bound']}); "
+          f"{r['nodes_after']} ({r['groups']} groups{bound}); "
           f"first compile {r['compile_s']:.1f} s")
 
 
