@@ -101,6 +101,33 @@ def test_a_new_tensor_filled_in_place_groups(front_end):
     assert report.nodes_after < report.nodes_before / 2
 
 
+class AugmentedAssignments(torch.nn.Module):
+    """Per neuron: ``**=`` and ``@=`` on fresh temporaries, and additions written as dunder methods."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3, bias=False, dtype=torch.float64)
+        self.W = torch.nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
+        self.bias = torch.nn.Parameter(torch.randn(3, dtype=torch.float64))
+
+    def forward(self, x):
+        out = []
+        for v in range(x.shape[0]):
+            h = self.lin(x[v])
+            h **= 2
+            h @= self.W
+            out.append(h.__add__(self.bias).__radd__(self.lin(x[v])))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("front_end", ["fast", "backend"])
+def test_augmented_assignments_and_dunder_additions_group_and_match_eager(front_end):
+    """``operator.ipow`` / ``imatmul`` on fresh values become ``pow`` / ``matmul``; nothing keeps the order."""
+    report = report_matching_eager(front_end, AugmentedAssignments(), torch.randn(8, 3, dtype=torch.float64))
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 2
+
+
 class FilledFactories(torch.nn.Module):
     """Factories filled in place whose dtype is not their fill value's: ``torch.full`` would infer int64."""
 
