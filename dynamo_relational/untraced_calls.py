@@ -17,6 +17,7 @@ import torch.fx as fx
 from torch.overrides import TorchFunctionMode
 
 from .errors import FrontendError
+from .ops.facts import RANDOM_UNDER_OTHER_NAMES, named_random
 from .value_proxy import has_proxy
 
 if TYPE_CHECKING:
@@ -29,17 +30,9 @@ def _random_ops() -> frozenset[str]:
     (``randn``, ``rand_like``, ``bernoulli``, ``dropout``, ``normal_``, ``random_``, ...), and the
     dropout variants of ``torch.nn.functional``, which reach ATen under other names. Found once per
     process, on the first trace (looking at every ATen op takes about 0.3 s)."""
-    names = {"dropout1d", "dropout2d", "dropout3d"}
-    for qualified in torch._C._dispatch_get_all_op_names():
-        namespace, _, name = qualified.partition("::")
-        name = name.split(".")[0]
-        if namespace != "aten" or name in names:
-            continue
-        packet = getattr(torch.ops.aten, name, None)
-        if packet is not None and any(torch.Tag.nondeterministic_seeded in getattr(packet, overload).tags
-                                      for overload in packet.overloads()):
-            names.add(name)
-    return frozenset(names)
+    aten = {qualified.partition("::")[2].split(".")[0] for qualified in torch._C._dispatch_get_all_op_names()
+            if qualified.startswith("aten::")}
+    return frozenset(name for name in aten | RANDOM_UNDER_OTHER_NAMES if named_random(name))
 
 
 def is_random(node: fx.Node, appliers) -> bool:

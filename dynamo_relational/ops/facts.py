@@ -43,19 +43,19 @@ _UNANNOTATED_ALIASES_OF_ANY = frozenset(("unsafe_split", "unsafe_split_with_size
 
 
 @lru_cache(maxsize=None)
-def _schemas(name: str) -> tuple[torch._C.FunctionSchema, ...]:
+def _overloads(name: str) -> tuple[torch._ops.OpOverload, ...]:
+    """The overloads of ATen op ``name`` (none for a name ATen does not have)."""
     packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
-    if packet is None:
-        return ()
-    return tuple(getattr(packet, overload)._schema for overload in packet.overloads())
+    return () if packet is None else tuple(getattr(packet, overload) for overload in packet.overloads())
+
+
+def _schemas(name: str) -> tuple[torch._C.FunctionSchema, ...]:
+    return tuple(overload._schema for overload in _overloads(name))
 
 
 @lru_cache(maxsize=None)
 def _tags(name: str) -> frozenset:
-    packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
-    if packet is None:
-        return frozenset()
-    return frozenset(tag for overload in packet.overloads() for tag in getattr(packet, overload).tags)
+    return frozenset(tag for overload in _overloads(name) for tag in overload.tags)
 
 
 def aten_name(op: str, target: Any) -> str | None:
@@ -241,15 +241,20 @@ def takes_three_tensors(op: str, target: Any) -> bool:
         for s in _schemas(name))   # (an out= tensor is no operand)
 
 
+#: functions of ``torch.nn.functional`` that draw random numbers and reach ATen under other names
+RANDOM_UNDER_OTHER_NAMES = frozenset(("dropout1d", "dropout2d", "dropout3d"))
+
+
+def named_random(name: str) -> bool:
+    """Whether the op named ``name`` may draw random numbers (ATen's ``nondeterministic_seeded`` tag)."""
+    return name in RANDOM_UNDER_OTHER_NAMES or torch.Tag.nondeterministic_seeded in _tags(name)
+
+
 @lru_cache(maxsize=4096)
 def target_draws_random_numbers(op: str, target: Any) -> bool:
-    """Whether calls of ``target`` may draw random numbers (ATen's ``nondeterministic_seeded`` tag)."""
+    """Whether calls of ``target`` may draw random numbers (:func:`named_random`)."""
     name = aten_name(op, target)
-    if name is None:
-        return False
-    if name in ("dropout1d", "dropout2d", "dropout3d"):   # F's dropouts reaching ATen under other names
-        return True
-    return torch.Tag.nondeterministic_seeded in _tags(name)
+    return name is not None and named_random(name)
 
 
 @lru_cache(maxsize=4096)
