@@ -1,7 +1,8 @@
 """Training over shuffled mini-batches of samples with different structures: eager, ``dynamo_relational.batch``
-and, for the TreeLSTM, code batched by hand.
+and, for the TreeLSTMs, code batched by hand.
 
-    python -m benchmarks.dynamic [--models treelstm treernn gcn gin] [--samples 400] [--batch 25] [--epochs 4]
+    python -m benchmarks.dynamic [--models treelstm childsum treernn gcn gin] [--samples 400] [--batch 25]
+                                 [--epochs 4]
                                  [--threads 1] [--device cpu]
 
 For each model of ``examples/per_sample.py`` (written for one sample), trains
@@ -10,7 +11,7 @@ from the same weights, the systems taking turns epoch by epoch:
 
 * ``eager``: the model called sample by sample;
 * ``batched``: ``dynamo_relational.batch(model)``;
-* ``by hand`` (TreeLSTM only): :func:`level_batched_tree_lstm`, the same cell
+* ``by hand`` (the TreeLSTMs): :func:`level_batched_tree_lstm`, the same cell
   written for a whole batch, every node of one height at once, as DGL-style
   hand-batched code does: the bar a compiler that batches for the user should reach;
 * ``PyG`` (molecule GCN and GIN): :func:`pyg_molecules`, the same model written
@@ -32,13 +33,17 @@ from typing import Callable
 import torch
 from torch import nn
 
-from examples.per_sample import MODELS, MoleculeGCN, TreeLSTM, dataset, train_epoch
+from examples.per_sample import MODELS, ChildSumTreeLSTM, MoleculeGCN, TreeLSTM, dataset, train_epoch
 
 
-def level_batched_tree_lstm(model: TreeLSTM, samples: list[tuple]) -> list[torch.Tensor]:
+def level_batched_tree_lstm(model: TreeLSTM | ChildSumTreeLSTM, samples: list[tuple]) -> list[torch.Tensor]:
     """The root state of each ``(children, x)`` tree of ``samples``, computed with ``model``'s weights level by
     level over the whole batch: leaves first, then every node whose children are done, its children's
     states gathered and summed with ``index_add``."""
+    if isinstance(model, ChildSumTreeLSTM):
+        W_iou, U_iou, W_f, U_f = model.ioux, model.iouh, model.fx, model.fh
+    else:
+        W_iou, U_iou, W_f, U_f = model.W_iou, model.U_iou, model.W_f, model.U_f
     children_of, parents, xs, roots, start = [], [], [], [], 0
     heights: list[int] = []
     for children, x in samples:
@@ -54,16 +59,16 @@ def level_batched_tree_lstm(model: TreeLSTM, samples: list[tuple]) -> list[torch
     x = torch.cat(xs)
     device, hidden = x.device, model.hidden
     height, child, parent = (torch.tensor(v, device=device) for v in (heights, children_of, parents))
-    iou_x, f_x = model.W_iou(x), model.W_f(x)
+    iou_x, f_x = W_iou(x), W_f(x)
     h = c = x.new_zeros(start, hidden)
     for level in range(max(heights) + 1):
         nodes = (height == level).nonzero().squeeze(1)
         edge = height[parent] == level
         kids, of = child[edge], parent[edge]
         h_sum = torch.zeros_like(h).index_add(0, of, h[kids])[nodes]
-        iou = iou_x[nodes] + model.U_iou(h_sum)
+        iou = iou_x[nodes] + U_iou(h_sum)
         i, o, u = iou.split(hidden, dim=1)
-        forget = torch.sigmoid(f_x[of] + model.U_f(h[kids])) * c[kids]
+        forget = torch.sigmoid(f_x[of] + U_f(h[kids])) * c[kids]
         c_level = torch.sigmoid(i) * torch.tanh(u) + torch.zeros_like(c).index_add(0, of, forget)[nodes]
         h = h.index_copy(0, nodes, torch.sigmoid(o) * torch.tanh(c_level))
         c = c.index_copy(0, nodes, c_level)
@@ -106,7 +111,7 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     model = copy.deepcopy(eager)
     systems = {"eager": (eager, lambda batch: [eager(*s) for s in batch]),
                "batched": (model, dynamo_relational.batch(model, progress=False))}
-    if kind == "treelstm":
+    if kind in ("treelstm", "childsum"):
         by_hand = copy.deepcopy(eager)
         systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, batch))
     if kind in ("gcn", "gin"):
@@ -131,7 +136,8 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["treelstm", "treernn", "gcn", "gin"])
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS),
+                        default=["treelstm", "childsum", "treernn", "gcn", "gin"])
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--batch", type=int, default=25)
     parser.add_argument("--epochs", type=int, default=4)

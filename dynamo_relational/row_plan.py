@@ -286,8 +286,28 @@ class _Analysis:
                 return
             self.shared.add(node)
             return
-        rows = _row_wise(node, [self.rows[a] for a in with_rows], with_rows, self)
+        layouts = [self.rows[a] for a in with_rows]
+        if _is_elementwise(node) and not all(r.same_as(layouts[0]) for r in layouts[1:]):
+            with_rows = [self._relayout(node, a) if type(self.rows[a]) is CatRows else a for a in with_rows]
+            layouts = [self.rows[a] for a in with_rows]
+        rows = _row_wise(node, layouts, with_rows, self)
         self._tag(node, rows)
+
+    def _relayout(self, node: fx.Node, joined: fx.Node) -> fx.Node:
+        """Read the rows of ``joined`` (a :class:`CatRows`: part after part in a batch) for ``node`` through a
+        gather of all of them, whose rows a batch keeps in plain order (each sample's together), as the
+        other operands of an elementwise ``node`` have theirs."""
+        info = _static_info(joined)
+        name = f"_relational_relayout_{joined.name}"
+        self.gm.register_buffer(name, torch.arange(info.shape[0], device=info.device), persistent=False)
+        with self.gm.graph.inserting_before(node):
+            index = self.gm.graph.get_attr(name)
+            gathered = self.gm.graph.call_function(torch.index_select, (joined, 0, index))
+        gathered.meta["rel_info"] = info
+        self.index_nodes.add(index)
+        self._gather(gathered)
+        node.replace_input_with(joined, gathered)
+        return gathered
 
     def _tag(self, node: fx.Node, rows: Rows, size_arg: tuple[int, ...] | None = None) -> None:
         tagged = node.meta.get(ROW_SAMPLES)
@@ -494,6 +514,11 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
                 analysis.sizes.append((node, _shape_path(node), first))
             return first
         raise Refused(f"{_describe(node)} moves dim 0")
+    if node.op == "call_method" and target == "repeat":
+        repeats = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
+        if len(repeats) == _rank(args[0]) and repeats[0] == 1 and not _flat_nodes((repeats, kwargs)):
+            return first   # each row repeated within itself
+        raise Refused(f"{_describe(node)} repeats rows")
     raise Refused(f"{_describe(node)} is not known to compute each row from its own row")
 
 

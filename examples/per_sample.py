@@ -50,6 +50,40 @@ class TreeLSTM(ScalarTreeLSTM):
         return states[0][0]
 
 
+class ChildSumTreeLSTM(nn.Module):
+    """The child-sum TreeLSTM as per-node code is commonly written: a node's children's states are
+    concatenated into ``[k, hidden]`` tensors (k rows for k children), the forget gates run over those rows
+    and ``torch.sum(..., dim=0)`` adds them up. Same equations as :class:`TreeLSTM`."""
+
+    def __init__(self, features: int, hidden: int = 16):
+        super().__init__()
+        self.hidden = hidden
+        self.ioux = nn.Linear(features, 3 * hidden)
+        self.iouh = nn.Linear(hidden, 3 * hidden)
+        self.fx = nn.Linear(features, hidden)
+        self.fh = nn.Linear(hidden, hidden)
+
+    def node_forward(self, x, child_c, child_h):
+        child_h_sum = torch.sum(child_h, dim=0, keepdim=True)
+        iou = self.ioux(x) + self.iouh(child_h_sum)
+        i, o, u = torch.split(iou, iou.size(1) // 3, dim=1)
+        i, o, u = torch.sigmoid(i), torch.sigmoid(o), torch.tanh(u)
+        f = torch.sigmoid(self.fh(child_h) + self.fx(x).repeat(len(child_h), 1))
+        c = i * u + torch.sum(f * child_c, dim=0, keepdim=True)
+        return c, o * torch.tanh(c)
+
+    def forward(self, children: list[list[int]], x: torch.Tensor) -> torch.Tensor:
+        states: list = [None] * len(children)
+        for v in reversed(range(len(children))):
+            if children[v]:
+                child_c = torch.cat([states[c][0] for c in children[v]], dim=0)
+                child_h = torch.cat([states[c][1] for c in children[v]], dim=0)
+            else:
+                child_c = child_h = x.new_zeros(1, self.hidden)
+            states[v] = self.node_forward(x[v], child_c, child_h)
+        return states[0][1]
+
+
 class MoleculeGCN(nn.Module):
     """Two sum-aggregation graph convolutions, mean pooling and a sigmoid readout, for one molecule."""
 
@@ -84,6 +118,23 @@ class MoleculeGIN(nn.Module):
         return torch.sigmoid(self.readout(torch.stack(h).sum(0)))
 
 
+class Forest(nn.Module):
+    """A per-sample model over a fixed list of structures as one grounding, for ``dynamo_relational.compile``
+    and ``torch.compile``: ``forward(x)`` takes the samples' node features joined along dim 0 and returns
+    their results joined along dim 0."""
+
+    def __init__(self, model: nn.Module, structures: list):
+        super().__init__()
+        self.model, self.structures = model, structures
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        results, start = [], 0
+        for structure in self.structures:
+            results.append(self.model(structure, x[start:start + len(structure)]))
+            start += len(structure)
+        return torch.cat(results)
+
+
 def random_tree(nodes: int, rng: random.Random) -> list[list[int]]:
     """Children lists of a random tree whose parents are numbered before their children."""
     children: list[list[int]] = [[] for _ in range(nodes)]
@@ -102,7 +153,8 @@ def random_molecule(atoms: int, rng: random.Random) -> list[list[int]]:
     return [sorted(n) for n in nbrs]
 
 
-MODELS = {"treelstm": (TreeLSTM, random_tree), "treernn": (TreeRNN, random_tree), "gcn": (MoleculeGCN, random_molecule),
+MODELS = {"treelstm": (TreeLSTM, random_tree), "childsum": (ChildSumTreeLSTM, random_tree),
+          "treernn": (TreeRNN, random_tree), "gcn": (MoleculeGCN, random_molecule),
           "gin": (MoleculeGIN, random_molecule)}
 
 

@@ -1,6 +1,10 @@
 """A child-sum TreeLSTM (Tai et al. 2015) over random trees, one tree node at a time.
 
-    python -m examples.tree_lstm [trees] [nodes]
+    python -m examples.tree_lstm [trees] [nodes] [scalar|childsum]
+
+``scalar`` (the default) adds the children's states one by one; ``childsum`` is
+:class:`examples.per_sample.ChildSumTreeLSTM`, which concatenates them into a
+``[k, hidden]`` tensor per node, as per-node TreeLSTM code is often written.
 """
 from __future__ import annotations
 
@@ -45,9 +49,14 @@ class ScalarTreeLSTM(nn.Module):
         return torch.stack(roots)
 
 
-def main(trees: int = 50, nodes: int = 500) -> dict:
-    return run_tree_example("TreeLSTM", ScalarTreeLSTM, trees, nodes)
+def main(trees: int = 50, nodes: int = 500, style: str = "scalar") -> dict:
+    if style == "scalar":
+        return run_tree_example("TreeLSTM", ScalarTreeLSTM, trees, nodes)
+    from examples.per_sample import ChildSumTreeLSTM, Forest   # (per_sample imports this module)
+
+    return run_tree_example("child-sum TreeLSTM (children's states concatenated)",
+                            lambda forest, features: Forest(ChildSumTreeLSTM(features), forest), trees, nodes)
 
 
 if __name__ == "__main__":
-    main(*(int(a) for a in sys.argv[1:3]))
+    main(*(int(a) for a in sys.argv[1:3]), *sys.argv[3:4])

@@ -17,8 +17,8 @@ import torch.fx as fx
 
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, distinct_outputs,
                fold_bias, fuse_linear, grouping, inplace, linear_layout, lstm_cells, mode_regions, padded_gathers,
-               postpone_gathers, recompute_gathers, rewrite_search, row_writes, segment_provider, simplify_gathers,
-               split_views, values_indices, vectorize)
+               plain_factories, postpone_gathers, ragged_rows, recompute_gathers, rewrite_search, row_writes,
+               segment_provider, simplify_gathers, split_views, values_indices, vectorize)
 from .context import PassContext
 
 
@@ -45,11 +45,15 @@ _VECTORIZED = ("vectorize",)
 PIPELINE: tuple[Pass, ...] = (
     Pass("row_writes", row_writes.run, "out = zeros(n, d); out[i] = h_i; out[i] += m  ->  stack of rows"),
     Pass("inplace", inplace.run, "acc += t  ->  acc + t; find the in-place ops that remain", ("row_writes",)),
+    Pass("plain_factories", plain_factories.run, "x.new_zeros(n, d) -> torch.zeros(n, d, dtype=x.dtype, ...)",
+         ("inplace",)),
     Pass("mode_regions", mode_regions.run,
          "no_grad blocks -> detached values; other mode switches keep the order", ("inplace",)),
     Pass("split_views", split_views.run, "h.chunk(3)[j], torch.split(h, s)[j], h.unbind(0)[j], h.narrow -> slices"),
     Pass("values_indices", values_indices.run, "torch.max(h, 0)[0], h.sort(stable=True).indices -> one op per part"),
     Pass("lstm_cells", lstm_cells.run, "torch.lstm_cell (nn.LSTMCell) -> its linears and gates"),
+    Pass("ragged_rows", ragged_rows.run, "sum(f(cat([h_1, ..., h_k])), 0) -> f(h_1) + ... + f(h_k) for row-wise f",
+         ("inplace", "split_views")),
     Pass("aggregation", aggregation.run, "+ trees, sum(), stack().sum(0) -> n-ary aggregate", ("inplace",)),
     Pass("cse", cse.run, "merge duplicated reads and ops", ("inplace",)),
     Pass("grouping", grouping.run, "signatures + schedule -> groups", ("aggregation", "cse"), on_unions=True),

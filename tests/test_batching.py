@@ -11,10 +11,11 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from examples.per_sample import MoleculeGCN, MoleculeGIN, TreeLSTM, TreeRNN, dataset
+from examples.per_sample import ChildSumTreeLSTM, MoleculeGCN, MoleculeGIN, TreeLSTM, TreeRNN, dataset
 from tests.helpers import BATCH_TOLERANCE, assert_batches_match_eager, warnings_logged
 
-@pytest.mark.parametrize("kind, model_class", [("treernn", TreeRNN), ("treelstm", TreeLSTM), ("gcn", MoleculeGCN),
+@pytest.mark.parametrize("kind, model_class", [("treernn", TreeRNN), ("treelstm", TreeLSTM),
+                                               ("childsum", ChildSumTreeLSTM), ("gcn", MoleculeGCN),
                                                ("gin", MoleculeGIN)])
 def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind, model_class):
     torch.manual_seed(0)

@@ -221,14 +221,15 @@ def test_dynamic_benchmark_trains_batched_and_by_hand_as_eager():
     assert len(result["epochs"]) == 3 and all(r > 0 for r in result["steady_ratio"].values())
 
 
-def test_level_batched_tree_lstm_equals_the_per_tree_model():
+@pytest.mark.parametrize("kind", ["treelstm", "childsum"])
+def test_level_batched_tree_lstm_equals_the_per_tree_model(kind):
     from benchmarks.dynamic import level_batched_tree_lstm
-    from examples.per_sample import TreeLSTM, dataset
+    from examples.per_sample import MODELS, dataset
 
     torch.manual_seed(0)
-    data = dataset("treelstm", 6, features=4, dtype=torch.float64)
-    model = TreeLSTM(4, hidden=5).double()
-    got, want = level_batched_tree_lstm(model, data), [model(*s) for s in data]
+    data = dataset(kind, 6, features=4, dtype=torch.float64)
+    model = MODELS[kind][0](4, hidden=5).double()
+    got, want = level_batched_tree_lstm(model, data), [model(*s).reshape(-1) for s in data]
     torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-10, atol=1e-12)
     grads = [torch.autograd.grad(torch.stack(outs).square().sum(), list(model.parameters())) for outs in (got, want)]
     for g, w in zip(*grads):
