@@ -455,13 +455,17 @@ def gather_reduce_indexed(source: Tensor, csr: Tensor, rows: int, reduce: str, t
     segment's size), with ATen's own autograd: for graphs whose index tensors are new on every call (the
     batches of a union, :mod:`dynamo_relational.batching`), where building the sparse matrices of
     :func:`gather_reduce_eager` costs more than multiplying by them. On the CPU; on CUDA, whose ``index_add``
-    adds in no fixed order, and for the adjoint of a mean, it is :func:`gather_reduce_eager`."""
+    adds in no fixed order, and for the adjoint of a mean, it is :func:`gather_reduce_eager`. Without
+    ``transpose`` it reads only the CSR of ``A`` at the start of ``csr``, which may end there."""
     if source.device.type != "cpu" or reduce not in GATHER_REDUCTIONS:
         return gather_reduce_eager(source, csr, rows, reduce, transpose)
     _check(source, csr, reduce)
     columns = source.shape[0]
-    a, b = (columns, rows) if transpose else (rows, columns)
-    offsets, index = unpack_csr(csr, a, b, transpose=transpose)
+    if transpose:
+        offsets, index = unpack_csr(csr, columns, rows, transpose=True)
+    else:   # the leading part of the packed layout: also what a union's batches pack on the CPU (no transpose)
+        offsets = csr[:rows + 1]
+        index = csr[rows + 1:rows + 1 + int(offsets[-1])]
     sizes = numpy.diff(offsets.numpy())
     row_of_entry = torch.from_numpy(numpy.repeat(numpy.arange(rows), sizes))
     width = math.prod(source.shape[1:])
