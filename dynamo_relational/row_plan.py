@@ -485,7 +485,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if a in analysis.rows and b in analysis.rows:
             keeps = ra == rb == rank >= 3                 # one product per row
         elif a in analysis.rows:
-            keeps = ra == rank >= 2 and rb <= 2           # rows @ W
+            keeps = ra == rank >= 2 and rb <= 2 or rb == 1 and ra == rank + 1 >= 2   # rows @ W, rows @ w
         else:
             keeps = rb == rank >= 3 and ra <= 2           # W @ each row (the row's dims after the first)
         if not keeps:

@@ -24,8 +24,8 @@ another, so grouping the union computes each sample as its own graph would.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
-from typing import Any, Sequence, cast
+from dataclasses import dataclass, field
+from typing import Any, Hashable, Sequence, cast
 
 import torch
 import torch.fx as fx
@@ -35,7 +35,10 @@ from torch.utils import _pytree as pytree
 from dynamo_relational.passes import PIPELINE, PassContext
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 
-from .ops import TensorInfo, tensor_info
+from .ops import REGISTRY, TensorInfo, tensor_info
+from .ops.base import freeze
+from .ops.elementwise import draws_random_numbers
+from .ops.facts import writes
 from .options import Options
 
 #: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
@@ -107,7 +110,7 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
             raise NotBatchable(f"tensor argument {j} has several dtypes or devices across samples: "
                                f"{sorted(map(str, kinds))[:3]}")
     graph = fx.Graph()
-    attrs: dict[str, torch.Tensor] = {}
+    shared = _Shared(params)
     union_inputs = []
     for j, layout in enumerate(inputs_layout):
         node = graph.placeholder(f"input{j}")
@@ -117,11 +120,10 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
         rest = row.shape[1:] if layout == "cat" else ()
         node.meta["rel_info"] = TensorInfo((rows, *rest), row.dtype, row.device)
         union_inputs.append(node)
-    attr_nodes: dict[str, fx.Node] = {}
     leaves: list[list[fx.Node]] = []
     offsets = [0] * len(inputs_layout)
     for s, sample in enumerate(samples):
-        leaves.append(_copy_sample(graph, sample, s, union_inputs, inputs_layout, offsets, params, attrs, attr_nodes))
+        leaves.append(_copy_sample(graph, sample, s, union_inputs, inputs_layout, offsets, shared))
         for j, layout in enumerate(inputs_layout):
             offsets[j] += sample.input_shapes[j][0] if layout == "cat" else 1
     outputs_layout = []
@@ -135,16 +137,62 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
         if not leaf.users and leaf.target is torch.stack:
             graph.erase_node(leaf)
     # lazy: Python code for the ungrouped union is never needed
-    return _LazyGraphModule(attrs, graph), Layout(inputs_layout, tuple(outputs_layout))
+    return _LazyGraphModule(shared.attrs, graph), Layout(inputs_layout, tuple(outputs_layout))
+
+
+@dataclass
+class _Shared:
+    """What the samples of a union share: the parameters' nodes, and each value computed from parameters alone
+    (a sample's ``self.W[r]`` is every sample's), made once. Such a value belongs to the sample that made it
+    (``meta[SAMPLE]``) until another sample computes it too; then it belongs to none, and grouping leaves it
+    alone."""
+    params: dict[str, torch.Tensor]
+    #: get_attr target -> tensor: the parameters, then each sample's own constants
+    attrs: dict[str, torch.Tensor] = field(default_factory=dict)
+    attr_nodes: dict[str, fx.Node] = field(default_factory=dict)
+    #: (op, target, arguments) -> the node that computes it from parameters alone
+    computed: dict[Hashable, fx.Node] = field(default_factory=dict)
+    #: the parameters' nodes and the values of ``computed``
+    nodes: set[fx.Node] = field(default_factory=set)
+
+    def attribute(self, graph: fx.Graph, sample: SampleGraph, s: int, node: fx.Node) -> fx.Node:
+        """The union's node for ``get_attr`` ``node`` of sample ``s``: a parameter's is shared, a constant's
+        the sample's own."""
+        target = cast(str, node.target)   # (a get_attr node's target is a name)
+        param = target in self.params
+        name = target if param else f"_sample{s}_{target.replace('.', '_')}"
+        if name not in self.attr_nodes:
+            self.attrs[name] = self.params[name] if param else _attribute(sample.graph, target)
+            self.attr_nodes[name] = graph.get_attr(name)
+            self.attr_nodes[name].meta.update(node.meta)
+            if param:
+                self.nodes.add(self.attr_nodes[name])
+        return self.attr_nodes[name]
+
+    def key(self, node: fx.Node, args: tuple, kwargs: dict) -> Hashable | None:
+        """What identifies ``node``'s value if it is a pure op of the catalog on shared values alone (then equal
+        keys are equal values), else None."""
+        inputs: list[fx.Node] = []
+        fx.node.map_arg((args, kwargs), inputs.append)
+        if not inputs or any(a not in self.nodes for a in inputs) or REGISTRY.family_of(node) is None \
+                or draws_random_numbers(node) or writes(node):
+            return None
+        try:
+            key = (node.op, node.target, freeze(args), freeze(kwargs))
+            hash(key)
+        except TypeError:   # an unhashable argument (a slice)
+            return None
+        return key
 
 
 def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: list[fx.Node], layouts: tuple[str, ...],
-                 offsets: list[int], params: dict[str, torch.Tensor], attrs: dict[str, torch.Tensor],
-                 attr_nodes: dict[str, fx.Node]) -> list[fx.Node]:
+                 offsets: list[int], shared: _Shared) -> list[fx.Node]:
     """Copy sample ``s`` into ``graph``; returns its output leaves there."""
     env: dict[fx.Node, fx.Node] = {}
     placeholders: dict[fx.Node, int] = {}
     whole: dict[int, fx.Node] = {}
+    output = next(iter(reversed(sample.graph.graph.nodes)))
+    results = set(output.args[0])
 
     def value(node: fx.Node) -> fx.Node:
         j = placeholders.get(node)
@@ -162,25 +210,30 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
         if node.op == "placeholder":
             placeholders[node] = len(placeholders)
         elif node.op == "get_attr":
-            name = node.target if node.target in params else f"_sample{s}_{node.target.replace('.', '_')}"
-            if name not in attr_nodes:
-                attrs[name] = params[name] if name in params else _attribute(sample.graph, node.target)
-                attr_nodes[name] = graph.get_attr(name)
-                attr_nodes[name].meta.update(node.meta)
-            env[node] = attr_nodes[name]
+            env[node] = shared.attribute(graph, sample, s, node)
         elif node.op == "output":
             return [env[leaf] for leaf in node.args[0]]
         else:
             row = _row_read(node, placeholders, layouts, sample, offsets)
+            key = None
             if row is not None:
                 j, index = row
                 new = graph.call_function(operator.getitem, (union_inputs[j], index), name=f"{node.name}_s{s}")
-                new.meta.update(node.meta)
-            else:   # (a name of its own: fx's search for a free one grows with the copies of the same name)
+            else:
+                args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
+                key = shared.key(node, args, kwargs) if node not in results else None
+                if key is not None and key in shared.computed:   # another sample's: now of no one sample
+                    env[node] = shared.computed[key]
+                    env[node].meta.pop(SAMPLE, None)
+                    continue
+                # (a name of its own: fx's search for a free one grows with the copies of the same name)
                 new = graph.create_node(node.op, node.target, (), {}, name=f"{node.name}_s{s}")
-                new.args, new.kwargs = fx.node.map_arg((node.args, node.kwargs), value)   # (unscanned: fast)
-                new.meta.update(node.meta)
+                new.args, new.kwargs = args, kwargs   # (set after creation: unscanned, fast)
+            new.meta.update(node.meta)
             new.meta[SAMPLE] = s
+            if key is not None:
+                shared.computed[key] = new
+                shared.nodes.add(new)
             env[node] = new
     raise AssertionError("a traced graph ends with its output")
 

@@ -20,7 +20,8 @@ may be impure), and are reported as left ungrouped; so does dropout in
 training, which draws eager's random numbers in eager's order that way,
 unless the ``group_dropout`` option groups it like an elementwise op. Deterministic factory
 calls (``torch.zeros(8)``, ``x.new_zeros(8)``; CSE merged the equal ones) are
-constants instead: they also run alone, but move freely and are not reported.
+constants instead: they also run alone, but move freely and are not reported. So
+are, in a union of samples, the values computed from parameters alone.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from dynamo_relational.ops.facts import is_factory
 
 from . import schedule
 from .context import PassContext
+from .vectorize import JOINED_OUTPUT, SAMPLE
 
 
 @dataclass
@@ -81,7 +83,14 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     #: indices of deterministic factory calls (``torch.zeros(8)``): constants, not work left ungrouped
     constants = set()
     max_numel = opts.max_member_numel
+    # In a union of samples (dynamo_relational.batch), a node of no sample is computed from parameters alone,
+    # once for every sample (``union.py``): grouping it with others would make rows that belong to no sample.
+    union = any(SAMPLE in n.meta for n in units)
     for i, node in enumerate(units):
+        if union and SAMPLE not in node.meta and JOINED_OUTPUT not in node.meta:
+            constants.add(i)
+            ops.append(None)
+            continue
         op = describe(node) if not ctx.keep_order else f"graph keeps its order: {ctx.keep_order[0]}"
         if type(op) is str and opts.group_dropout and not ctx.keep_order and draws_random_numbers(node):
             op = ELEMENTWISE.describe(node, group_dropout=True)
