@@ -59,9 +59,10 @@ class Options:
     #: ``torch.stack(list).sum/mean/amax/amin(0)`` into n-ary aggregations.
     aggregation: bool = True
     #: How groups are chosen: ``"asap"`` (depth levels), ``"agenda"`` (DyNet's
-    #: lowest-average-depth-first) or ``"auto"`` (run both, keep the one with
-    #: fewer groups).
-    scheduler: Literal["auto", "asap", "agenda"] = "auto"
+    #: lowest-average-depth-first), ``"ready_share"`` (the signature with the largest
+    #: share of its remaining units ready first) or ``"auto"`` (asap and agenda, and
+    #: for ``batch``'s unions ready_share too; the one with the fewest groups is kept).
+    scheduler: Literal["auto", "asap", "agenda", "ready_share"] = "auto"
     #: Also try schedules that only merge nodes from the same source line
     #: (``stack_trace``), keeping them when they need no more groups.
     code_site_hint: bool = True
@@ -186,9 +187,9 @@ class Options:
         if self.mode is not None and self.mode not in INDUCTOR_MODES:
             raise OptionsError(f"option 'mode' must be one of {', '.join(map(repr, INDUCTOR_MODES))} or None, "
                                f"got {self.mode!r}")
-        if self.scheduler not in ("auto", "asap", "agenda"):
+        if self.scheduler not in ("auto", "asap", "agenda", "ready_share"):
             raise OptionsError(
-                f"option 'scheduler' must be 'auto', 'asap' or 'agenda', got {self.scheduler!r}")
+                f"option 'scheduler' must be 'auto', 'asap', 'agenda' or 'ready_share', got {self.scheduler!r}")
         # (imported here: the passes and kernels read Options, so they import this module)
         from dynamo_relational.kernels.segment import SEGMENT_PROVIDERS, require_torch_scatter
 

@@ -8,7 +8,9 @@ themselves groupable (weights, inputs): ``W1 @ h`` and ``W2 @ h`` stay apart,
 each becoming one ``mm``, unless more than ``max_typed_groups`` weights share a
 key, when the weights are gathered instead.
 
-Two schedules (ASAP levels and DyNet's agenda), each with and without the
+Two schedules (ASAP levels and DyNet's agenda) and, for a union of samples
+(``dynamo_relational.batch``), a third (an agenda that runs the signature with
+the largest share of its remaining units ready), each with and without the
 code-site hint (the user's source line as part of the signature), are
 computed; the one with the fewest groups wins. Where the hint splits no
 signature, the schedules without it would be the same and are not run.
@@ -130,8 +132,12 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     # The site-refined keys split each signature into one or more; where they split none (as many
     # distinct values), they are the same partition and every schedule without them is the same.
     hints = (False,) if site_keys is None else (True,) if len(set(site_keys)) == len(set(keys)) else (True, False)
-    algorithms = {"asap": schedule.asap, "agenda": schedule.agenda}
-    names = ["asap", "agenda"] if opts.scheduler == "auto" else [opts.scheduler]
+    algorithms = {"asap": schedule.asap, "agenda": schedule.agenda, "ready_share": schedule.ready_share}
+    # ready_share's groups follow the sizes of the graph more closely than the levels do: on groundings of one
+    # model of other sizes it makes groups that code compiled for dynamic sizes (schemas.py) could not serve
+    # again. A union is grouped once for all its batches, which share no code: there it runs too.
+    auto = ["asap", "agenda", "ready_share"] if union else ["asap", "agenda"]
+    names = auto if opts.scheduler == "auto" else [opts.scheduler]
     # No schedule has fewer groups than signatures (plus ungroupable nodes) or than the longest path:
     # once a candidate reaches that, the later ones cannot win the min below.
     floor = max(max(depth, default=-1) + 1, len(set(k for k in keys if k is not None)) + keys.count(None))

@@ -4,7 +4,8 @@ Input: ``n`` units in topological order, ``preds[i]`` (indices of the units
 that unit ``i`` reads) and ``signatures[i]`` (hashable; ``None`` means the
 unit can only run alone). Output: a list of groups (lists of unit indices)
 whose members are pairwise independent, in an order that respects every
-dependency. Both schedules are linear in the graph size.
+dependency. Each schedule is linear in the graph size, plus, for the agendas,
+a choice among the ready signatures per group.
 """
 from __future__ import annotations
 
@@ -46,6 +47,21 @@ def agenda(preds, signatures, depth=None) -> list[list[int]]:
     soon as they are ready. Waiting lets slow branches catch up, so one
     signature ends in fewer, larger groups than under ASAP when depths differ.
     """
+    return _agenda(preds, signatures, depth, by_share=False)
+
+
+def ready_share(preds, signatures, depth=None) -> list[list[int]]:
+    """The agenda, choosing the signature with the largest share of its units not yet run that are ready.
+
+    A signature most of whose remaining units are ready loses little by running
+    now; one with a few ready among many waits for its slower branches, as in
+    DyNet's agenda, but judged by what is left of it rather than by average
+    depth over the whole graph. Ties go to the lower average depth.
+    """
+    return _agenda(preds, signatures, depth, by_share=True)
+
+
+def _agenda(preds, signatures, depth, by_share: bool) -> list[list[int]]:
     n = len(preds)
     depth = depth or asap_depths(preds)
     waiting = [0] * n
@@ -66,6 +82,7 @@ def agenda(preds, signatures, depth=None) -> list[list[int]]:
                 total[0] += depth[i]
                 total[1] += 1
     priority = {sig: total / count for sig, (total, count) in totals.items()}
+    left = {sig: count for sig, (_, count) in totals.items()}   # units of each signature not yet run
     ready: dict[Hashable, list[int]] = {}
     alone: list[int] = []
 
@@ -81,14 +98,18 @@ def agenda(preds, signatures, depth=None) -> list[list[int]]:
         if alone:
             group = [alone.pop()]
         else:
-            sig = min(ready, key=lambda s: (priority[s], ready[s][0]))
+            if by_share:
+                sig = min(ready, key=lambda s: (-len(ready[s]) / left[s], priority[s], ready[s][0]))
+            else:
+                sig = min(ready, key=lambda s: (priority[s], ready[s][0]))
             group = sorted(ready.pop(sig))
+            left[sig] -= len(group)
         groups.append(group)
         for i in group:
             for s in succs[i]:
-                left = waiting[s] - 1
-                waiting[s] = left
-                if left == 0:   # ready: released like the units above
+                remaining = waiting[s] - 1
+                waiting[s] = remaining
+                if remaining == 0:   # ready: released like the units above
                     sig = signatures[s]
                     if sig is None:
                         alone.append(s)
