@@ -232,6 +232,8 @@ class _Analysis:
         self.sizes: list[tuple[fx.Node, tuple[int, ...], Rows]] = []   # (node, path to it in args, rows it counts)
         self._interned: dict[bytes, Rows] = {}
         self._shared_rows: dict[fx.Node, SharedRows] = {}
+        #: joined rows -> their gather in plain order (:meth:`_relayout`)
+        self._relayouts: dict[fx.Node, fx.Node] = {}
 
     def shared_rows(self, part: fx.Node, cat: fx.Node) -> SharedRows:
         """The rows of shared ``part`` of ``cat`` (one :class:`SharedRows` per part: its identity is its rows')."""
@@ -297,15 +299,18 @@ class _Analysis:
         """Read the rows of ``joined`` (a :class:`CatRows`: part after part in a batch) for ``node`` through a
         gather of all of them, whose rows a batch keeps in plain order (each sample's together), as the
         other operands of an elementwise ``node`` have theirs."""
-        info = _static_info(joined)
-        name = f"_relational_relayout_{joined.name}"
-        self.gm.register_buffer(name, torch.arange(info.shape[0], device=info.device), persistent=False)
-        with self.gm.graph.inserting_before(node):
-            index = self.gm.graph.get_attr(name)
-            gathered = self.gm.graph.call_function(torch.index_select, (joined, 0, index))
-        gathered.meta["rel_info"] = info
-        self.index_nodes.add(index)
-        self._gather(gathered)
+        gathered = self._relayouts.get(joined)
+        if gathered is None:   # (before the first reader: the later ones come after it)
+            info = _static_info(joined)
+            name = f"_relational_relayout_{joined.name}"
+            self.gm.register_buffer(name, torch.arange(info.shape[0], device=info.device), persistent=False)
+            with self.gm.graph.inserting_before(node):
+                index = self.gm.graph.get_attr(name)
+                gathered = self._relayouts[joined] = self.gm.graph.call_function(torch.index_select,
+                                                                                (joined, 0, index))
+            gathered.meta["rel_info"] = info
+            self.index_nodes.add(index)
+            self._gather(gathered)
         node.replace_input_with(joined, gathered)
         return gathered
 

@@ -110,7 +110,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 
 
 def _join(node: fx.Node) -> _Ragged | None:
-    """``cat(parts, 0)`` of two or more dimensions whose parts share one shape, dtype and device."""
+    """``cat(parts, 0)`` of parts of two or more dimensions that share one shape, dtype and device."""
     try:
         dim_name = _JOINS.get(node.target) if node.op == "call_function" else None
     except TypeError:   # unhashable target
