@@ -1,5 +1,7 @@
 """ragged_rows: a node's inputs joined as rows (``torch.cat(children, 0)``), run through row-wise ops and
 reduced over the rows, group by the structure's depth, not by its child counts; compiled equal to eager."""
+import random
+
 import pytest
 import torch
 from torch import nn
@@ -123,3 +125,47 @@ def test_rows_that_draw_random_numbers_keep_the_join():
     dropped = Joined(lambda h: torch.nn.functional.dropout(h, 0.5, True).sum(0))
     compiled = dynamo_relational.compile(dropped, (torch.randn(3, 2),), inductor=False)
     assert compiled.report.graphs[0].stats["ragged_reductions"] == 0
+
+
+class RandomRowProgram(nn.Module):
+    """Per node: 1-3 neighbours' rows (one or two each) joined, a random chain of row-wise ops (with operands
+    broadcast, expanded and repeated along the rows), a reduction over the rows; sometimes the rows are also
+    returned themselves."""
+
+    _OPS = ("sigmoid", "tanh", "linear", "matmul", "times_own", "plus_expanded", "plus_repeated", "relu", "where",
+            "square")
+
+    def __init__(self, seed: int):
+        super().__init__()
+        rng = random.Random(seed)
+        self.lin = nn.Linear(HIDDEN, HIDDEN, dtype=torch.float64)
+        self.w = nn.Parameter(torch.randn(HIDDEN, HIDDEN, dtype=torch.float64))
+        self.neighbours = [[rng.randrange(ROWS) for _ in range(rng.randrange(1, 4))] for _ in range(ROWS)]
+        self.ops = [rng.choice(self._OPS) for _ in range(rng.randrange(1, 4))]
+        self.rows = rng.choice([1, 1, 2])
+        self.reduce = rng.choice(["sum", "mean", "amax", "amin"] if self.rows == 1 else ["sum", "mean"])
+        self.keepdim, self.returns_rows = rng.random() < 0.5, rng.random() < 0.3
+
+    def forward(self, x):
+        out = []
+        for v, nbrs in enumerate(self.neighbours):
+            h, own = torch.cat([x[u:u + self.rows] for u in nbrs], 0), x[v:v + 1]
+            for op in self.ops:
+                h = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "linear": self.lin, "relu": torch.relu,
+                     "matmul": lambda h: h @ self.w, "times_own": lambda h: h * own,
+                     "plus_expanded": lambda h: h + own.expand(len(h), HIDDEN),
+                     "plus_repeated": lambda h: h + own.repeat(len(h), 1),
+                     "where": lambda h: torch.where(h > 0, h, 0.1 * h), "square": lambda h: h * h}[op](h)
+            out.append(getattr(h, self.reduce)(0, keepdim=self.keepdim).reshape(-1))
+            if self.returns_rows:
+                out.append(h.reshape(-1)[:HIDDEN])
+        return torch.cat(out)
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("seed", range(40))
+def test_random_row_programs_match_eager(seed):
+    torch.manual_seed(seed)
+    x = torch.randn(ROWS + 1, HIDDEN, dtype=torch.float64)   # (two rows from the last neighbour)
+    compiled = assert_fast_compile_matches_eager(RandomRowProgram(seed), x, inductor=False)
+    assert compiled.report.graphs[0].stats["ragged_reductions"] == ROWS
