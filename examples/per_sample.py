@@ -6,9 +6,9 @@ with ``dynamo_relational.batch``.
 
 Each model's ``forward`` takes one sample: a tree (a list of children lists, parents numbered before
 their children) or a molecule (a list of in-neighbour lists; for the R-GCN, of (neighbour, bond type)
-pairs), and its node features. The script trains
-an epoch at a time, eagerly and batched, from the same weights, and prints each epoch's time, the
-largest difference between the two models' weights after it, and the batched module's report.
+pairs), and its node features. The script trains an epoch at a time, eagerly and batched, from the same
+weights, and prints each epoch's time, the largest difference between the two models' weights after it,
+and the batched module's report.
 """
 from __future__ import annotations
 
@@ -50,64 +50,6 @@ class TreeLSTM(ScalarTreeLSTM):
         for v in reversed(range(len(children))):
             states[v] = self.node(x[v], [states[c] for c in children[v]])
         return states[0][0]
-
-
-class MoleculeSAGE(nn.Module):
-    """GraphSAGE layers (``h_v = relu(W_l mean of h_u over v's in-neighbours + W_r h_v)``, as ``SAGEConv``), mean
-    pooling and a sigmoid readout, for one molecule."""
-
-    def __init__(self, features: int, hidden: int = 16, layers: int = 2):
-        super().__init__()
-        dims = [features] + [hidden] * layers
-        self.neighbor = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, dims[1:]))
-        self.root = nn.ModuleList(nn.Linear(i, o, bias=False) for i, o in zip(dims, dims[1:]))
-        self.readout = nn.Linear(hidden, 1)
-
-    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
-        h = [x[v] for v in range(len(in_nbrs))]
-        for lin_l, lin_r in zip(self.neighbor, self.root):
-            h = [torch.relu(lin_l(torch.stack([h[u] for u in nbrs]).mean(0)) + lin_r(h[v]))
-                 for v, nbrs in enumerate(in_nbrs)]
-        return torch.sigmoid(self.readout(torch.stack(h).mean(0)))
-
-
-class MoleculeRGCN(nn.Module):
-    """R-GCN layers with one weight matrix per bond type (``h_v = relu(W_root h_v + sum over bonds (u, r) -> v
-    of W[r] h_u + b)``), mean pooling and a sigmoid readout, for one molecule given as in-bond lists."""
-
-    def __init__(self, features: int, hidden: int = 16, layers: int = 2, bond_types: int = 3):
-        super().__init__()
-        dims = [features] + [hidden] * layers
-        self.weight = nn.ParameterList(nn.Parameter(torch.randn(bond_types, o, i) / i ** 0.5)
-                                       for i, o in zip(dims, dims[1:]))
-        self.root = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, dims[1:]))
-        self.readout = nn.Linear(hidden, 1)
-
-    def forward(self, in_bonds: list[list[tuple[int, int]]], x: torch.Tensor) -> torch.Tensor:
-        h = [x[v] for v in range(len(in_bonds))]
-        for weight, root in zip(self.weight, self.root):
-            h = [torch.relu(sum((weight[r] @ h[u] for u, r in bonds), root(h[v]))) for v, bonds in enumerate(in_bonds)]
-        return torch.sigmoid(self.readout(torch.stack(h).mean(0)))
-
-
-class MoleculeLRNN(nn.Module):
-    """The rule network of ``examples.lrnn`` for one molecule: scalar atom neurons, two rule layers over its
-    bonds (``h(V) :- w_0 * atom(V), w_1 * atom(U), edge(U, V)``, each grounding ``tanh``, their average
-    ``sigmoid``), the atoms' average as the result."""
-
-    def __init__(self, features: int, rules: int = 2):
-        super().__init__()
-        self.rule_weights = nn.Parameter(torch.randn(rules, 2))
-        self.rule_offsets = nn.Parameter(torch.randn(rules))
-        self.atom_weight = nn.Parameter(torch.randn(features))
-
-    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
-        atoms = [torch.dot(self.atom_weight, x[v]) for v in range(len(in_nbrs))]
-        for w, offset in zip(self.rule_weights, self.rule_offsets):
-            atoms = [torch.sigmoid(torch.stack([torch.tanh(w[0] * atoms[v] + w[1] * atoms[u] + offset)
-                                                for u in nbrs]).mean(0)) if nbrs else atoms[v]
-                     for v, nbrs in enumerate(in_nbrs)]
-        return torch.stack(atoms).mean(0)
 
 
 class ChildSumTreeLSTM(nn.Module):
@@ -178,6 +120,64 @@ class MoleculeGIN(nn.Module):
         return torch.sigmoid(self.readout(torch.stack(h).sum(0)))
 
 
+class MoleculeSAGE(nn.Module):
+    """GraphSAGE layers (``h_v = relu(W_l mean of h_u over v's in-neighbours + W_r h_v)``, as ``SAGEConv``), mean
+    pooling and a sigmoid readout, for one molecule."""
+
+    def __init__(self, features: int, hidden: int = 16, layers: int = 2):
+        super().__init__()
+        dims = [features] + [hidden] * layers
+        self.neighbor = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, dims[1:]))
+        self.root = nn.ModuleList(nn.Linear(i, o, bias=False) for i, o in zip(dims, dims[1:]))
+        self.readout = nn.Linear(hidden, 1)
+
+    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
+        h = [x[v] for v in range(len(in_nbrs))]
+        for lin_l, lin_r in zip(self.neighbor, self.root):
+            h = [torch.relu(lin_l(torch.stack([h[u] for u in nbrs]).mean(0)) + lin_r(h[v]))
+                 for v, nbrs in enumerate(in_nbrs)]
+        return torch.sigmoid(self.readout(torch.stack(h).mean(0)))
+
+
+class MoleculeRGCN(nn.Module):
+    """R-GCN layers with one weight matrix per bond type (``h_v = relu(W_root h_v + sum over bonds (u, r) -> v
+    of W[r] h_u + b)``), mean pooling and a sigmoid readout, for one molecule given as in-bond lists."""
+
+    def __init__(self, features: int, hidden: int = 16, layers: int = 2, bond_types: int = 3):
+        super().__init__()
+        dims = [features] + [hidden] * layers
+        self.weight = nn.ParameterList(nn.Parameter(torch.randn(bond_types, o, i) / i ** 0.5)
+                                       for i, o in zip(dims, dims[1:]))
+        self.root = nn.ModuleList(nn.Linear(i, o) for i, o in zip(dims, dims[1:]))
+        self.readout = nn.Linear(hidden, 1)
+
+    def forward(self, in_bonds: list[list[tuple[int, int]]], x: torch.Tensor) -> torch.Tensor:
+        h = [x[v] for v in range(len(in_bonds))]
+        for weight, root in zip(self.weight, self.root):
+            h = [torch.relu(sum((weight[r] @ h[u] for u, r in bonds), root(h[v]))) for v, bonds in enumerate(in_bonds)]
+        return torch.sigmoid(self.readout(torch.stack(h).mean(0)))
+
+
+class MoleculeLRNN(nn.Module):
+    """The rule network of ``examples.lrnn`` for one molecule: scalar atom neurons, two rule layers over its
+    bonds (``h(V) :- w_0 * atom(V), w_1 * atom(U), edge(U, V)``, each grounding ``tanh``, their average
+    ``sigmoid``), the atoms' average as the result."""
+
+    def __init__(self, features: int, rules: int = 2):
+        super().__init__()
+        self.rule_weights = nn.Parameter(torch.randn(rules, 2))
+        self.rule_offsets = nn.Parameter(torch.randn(rules))
+        self.atom_weight = nn.Parameter(torch.randn(features))
+
+    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
+        atoms = [torch.dot(self.atom_weight, x[v]) for v in range(len(in_nbrs))]
+        for w, offset in zip(self.rule_weights, self.rule_offsets):
+            atoms = [torch.sigmoid(torch.stack([torch.tanh(w[0] * atoms[v] + w[1] * atoms[u] + offset)
+                                                for u in nbrs]).mean(0)) if nbrs else atoms[v]
+                     for v, nbrs in enumerate(in_nbrs)]
+        return torch.stack(atoms).mean(0)
+
+
 class Forest(nn.Module):
     """A per-sample model over a fixed list of structures as one grounding, for ``dynamo_relational.compile``
     and ``torch.compile``: ``forward(x)`` takes the samples' node features joined along dim 0 and returns
@@ -203,14 +203,6 @@ def random_tree(nodes: int, rng: random.Random) -> list[list[int]]:
     return children
 
 
-def random_typed_molecule(atoms: int, rng: random.Random, bond_types: int = 3) -> list[list[tuple[int, int]]]:
-    """In-bond lists ``(neighbour, bond type)`` of a random molecule-like graph (:func:`random_molecule`'s, the
-    self-loops left out); a bond has one type both ways."""
-    types: dict[tuple[int, int], int] = {}
-    return [[(u, types.setdefault((min(u, v), max(u, v)), rng.randrange(bond_types))) for u in nbrs if u != v]
-            for v, nbrs in enumerate(random_molecule(atoms, rng))]
-
-
 def random_molecule(atoms: int, rng: random.Random) -> list[list[int]]:
     """In-neighbour lists of a random connected molecule-like graph (a chain plus a few rings, self-loops)."""
     nbrs = [{v} for v in range(atoms)]
@@ -219,6 +211,14 @@ def random_molecule(atoms: int, rng: random.Random) -> list[list[int]]:
         nbrs[v].add(u)
         nbrs[u].add(v)
     return [sorted(n) for n in nbrs]
+
+
+def random_typed_molecule(atoms: int, rng: random.Random, bond_types: int = 3) -> list[list[tuple[int, int]]]:
+    """In-bond lists ``(neighbour, bond type)`` of a random molecule-like graph (:func:`random_molecule`'s, the
+    self-loops left out); a bond has one type both ways."""
+    types: dict[tuple[int, int], int] = {}
+    return [[(u, types.setdefault((min(u, v), max(u, v)), rng.randrange(bond_types))) for u in nbrs if u != v]
+            for v, nbrs in enumerate(random_molecule(atoms, rng))]
 
 
 MODELS = {"treelstm": (TreeLSTM, random_tree), "childsum": (ChildSumTreeLSTM, random_tree),
