@@ -33,12 +33,10 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from dynamo_relational.passes import PIPELINE, PassContext
+from dynamo_relational.passes.cse import value_key
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 
 from .ops import REGISTRY, TensorInfo, tensor_info
-from .ops.base import freeze
-from .ops.elementwise import draws_random_numbers
-from .ops.facts import writes
 from .options import Options
 
 #: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
@@ -170,19 +168,13 @@ class _Shared:
         return self.attr_nodes[name]
 
     def key(self, node: fx.Node, args: tuple, kwargs: dict) -> Hashable | None:
-        """What identifies ``node``'s value if it is a pure op of the catalog on shared values alone (then equal
-        keys are equal values), else None."""
+        """What identifies ``node``'s value if it is an op of the catalog on shared values alone that CSE would
+        merge (equal keys, equal values), else None."""
         inputs: list[fx.Node] = []
         fx.node.map_arg((args, kwargs), inputs.append)
-        if not inputs or any(a not in self.nodes for a in inputs) or REGISTRY.family_of(node) is None \
-                or draws_random_numbers(node) or writes(node):
+        if not inputs or any(a not in self.nodes for a in inputs) or REGISTRY.family_of(node) is None:
             return None
-        try:
-            key = (node.op, node.target, freeze(args), freeze(kwargs))
-            hash(key)
-        except TypeError:   # an unhashable argument (a slice)
-            return None
-        return key
+        return value_key(node, args, kwargs)
 
 
 def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: list[fx.Node], layouts: tuple[str, ...],

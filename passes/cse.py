@@ -13,6 +13,8 @@ in-place ops are left alone.
 """
 from __future__ import annotations
 
+from typing import Hashable
+
 import torch
 import torch.fx as fx
 from torch.fx.immutable_collections import immutable_list
@@ -128,6 +130,18 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             removed += 1
     ctx.stats["cse_removed"] = removed
     return gm
+
+
+def value_key(node: fx.Node, args: tuple, kwargs: dict) -> Hashable | None:
+    """The key under which ``node``, called with ``args`` and ``kwargs`` (its own, or those of a copy in another
+    graph), merges with another call: equal keys, equal values. None for a node that never merges
+    (:func:`_skipped`) and for arguments with no key."""
+    if _skipped(node):
+        return None
+    try:
+        return (node.op, node.target, _freeze(args), _freeze(kwargs))
+    except _Unhashable:
+        return None
 
 
 def _skipped(node: fx.Node) -> bool:

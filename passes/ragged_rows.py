@@ -47,7 +47,7 @@ from dynamo_relational.ops.base import node_args
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
 from dynamo_relational.ops.facts import writes
 from dynamo_relational.ops.matmul import linear_args, product_operands
-from dynamo_relational.ops.reduce import REDUCTION_OF
+from dynamo_relational.ops.reduce import REDUCE, reduced
 from dynamo_relational.ops.reshape import LAYOUT
 
 from .context import PassContext
@@ -190,24 +190,14 @@ def _broadcast_copy(node: fx.Node, info: TensorInfo | None = None) -> fx.Node | 
 
 def _row_reduction(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.Node, str, bool] | None:
     """``(x, reduction, keepdim)`` if ``node`` reduces a ragged floating ``x`` over its rows (dim 0) alone."""
-    try:
-        name = REDUCTION_OF.get(node.target)
-    except TypeError:   # unhashable target
+    if REGISTRY.family_of(node) is not REDUCE:
         return None
-    if name not in _ROW_REDUCTIONS or (node.op == "call_function") == isinstance(node.target, str):
+    r = reduced(node)
+    if isinstance(r, str) or r.input not in ragged or r.name not in _ROW_REDUCTIONS or r.dims != (0,):
         return None
-    args = node_args(node, ("input", "dim", "keepdim"))
-    x = args.get("input") if args else None
-    if x not in ragged or not ragged[x].part.dtype.is_floating_point:
-        return None
-    dim, keepdim = args.get("dim"), args.get("keepdim", False)
-    dims = dim if isinstance(dim, (list, tuple)) else (dim,)
-    rank = ragged[x].part.rank
-    if type(keepdim) is not bool or len(dims) != 1 or type(dims[0]) is not int or dims[0] % rank != 0:
-        return None
-    if name in ("amax", "amin") and ragged[x].part.shape[0] != 1:
+    if r.name in ("amax", "amin") and ragged[r.input].part.shape[0] != 1:
         return None   # ties across parts would share the gradient otherwise than eager's
-    return x, name, keepdim
+    return r.input, r.name, r.keepdim
 
 
 def _reaching(reductions, ragged: dict[fx.Node, _Ragged]) -> dict[fx.Node, None]:
