@@ -21,8 +21,8 @@ entries of its samples, however many index tensors the union has:
    there;
 4. the offsets of segment indices, and the packed CSR of ``gather_reduce``
    indices with their transposes (:func:`dynamo_relational.kernels.gather_reduce.pack_csr`'s
-   layout; on the CPU, whose unions run ``gather_reduce`` as ``index_add``, without the
-   transposes), each family written into one buffer, copied to the device once and
+   layout; on the CPU, whose unions run ``gather_reduce`` as ``index_add``, each entry's row
+   instead of the transposes), each family written into one buffer, copied to the device once and
    cut into views.
 """
 from __future__ import annotations
@@ -147,7 +147,7 @@ class Assembly:
         self.segments = [i for i, k in enumerate(kinds) if k == "segments"]
         self.device = indices[0].device if indices else torch.device("cpu")
         #: pack the transposed CSR too: the CUDA kernels multiply by it in backward; the CPU's
-        #: ``gather_reduce_indexed`` (``index_add``, ATen's autograd) reads the CSR itself only
+        #: ``gather_reduce_indexed`` (``index_add``, ATen's autograd) reads each entry's row instead
         self.transposes = self.device.type != "cpu"
         self.read_keys = self.select + self.reduce       # entries that read a source row
         self.row_keys = self.reduce + self.segments      # rows whose segment lengths count
@@ -215,21 +215,22 @@ class Assembly:
     def _packed(self, index: numpy.ndarray, nnz: numpy.ndarray, lengths: numpy.ndarray, rows: numpy.ndarray,
                 size: numpy.ndarray) -> Sequence[torch.Tensor]:
         """The packed CSR ``[offsets, index, offsets_t, index_t]`` of every reduction (``pack_csr``'s layout),
-        ``[offsets, index]`` without :attr:`transposes`."""
+        without :attr:`transposes` the indexed layout ``[offsets, index, row_of]`` (``pack_indexed``'s)."""
         if not self.reduce:
             return []
         offsets = _offsets(lengths, rows)
+        key_of = numpy.repeat(numpy.arange(len(self.reduce)), rows)
+        row_in_key = numpy.arange(lengths.shape[0]) - (numpy.cumsum(rows) - rows)[key_of]
+        row_of = numpy.repeat(row_in_key, lengths)
         if not self.transposes:
-            blocks = (rows + 1) + nnz
+            blocks = (rows + 1) + 2 * nnz
             buffer = numpy.empty(int(blocks.sum()), dtype=numpy.int64)
             at = numpy.cumsum(blocks) - blocks
             _place(buffer, offsets, rows + 1, at)
             _place(buffer, index, nnz, at + rows + 1)
+            _place(buffer, row_of, nnz, at + rows + 1 + nnz)
             return self._cut(buffer, blocks)
         columns = numpy.where(self.sources == 0, self.fixed_columns, size[self.sources])
-        key_of = numpy.repeat(numpy.arange(len(self.reduce)), rows)
-        row_in_key = numpy.arange(lengths.shape[0]) - (numpy.cumsum(rows) - rows)[key_of]
-        row_of = numpy.repeat(row_in_key, lengths)
         column_base = numpy.cumsum(columns) - columns
         column_key = numpy.repeat(column_base, nnz) + index
         by_column = numpy.argsort(column_key, kind="stable")

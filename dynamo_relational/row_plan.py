@@ -337,6 +337,8 @@ class _Analysis:
             source, csr = args
             kind = "rows"
         elif target is _GATHER_REDUCE and args[1] in self.index_nodes and type(args[2]) is int:
+            if args[4:5] not in ((), (False,)):   # (a batch packs no transposes on the CPU)
+                raise Refused(f"{_describe(node)}: a transposed gather_reduce")
             source, csr = args[0], args[1]
             kind = "reduce"
         elif target is torch.index_select and len(args) == 3 and args[1] == 0 and args[2] in self.index_nodes:

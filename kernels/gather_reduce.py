@@ -31,7 +31,6 @@ Empty segments reduce to 0 (also for ``mean``).
 """
 from __future__ import annotations
 
-import math
 import warnings
 import weakref
 
@@ -450,32 +449,36 @@ EAGER_FORMS = {gather_reduce: gather_reduce_eager, gather_rows: gather_rows_eage
 
 # --------------------------------------------------------------------------- forms for indices new on every call
 
+def pack_indexed(offsets: Tensor, index: Tensor) -> Tensor:
+    """The indexed layout ``[offsets, index, row_of]`` of ``A`` that :func:`gather_reduce_indexed` reads on the
+    CPU: the CSR and each entry's row, which ``index_add`` takes (``row_of`` ascends)."""
+    offsets, index = offsets.long(), index.long()
+    row_of = torch.repeat_interleave(torch.arange(offsets.shape[0] - 1, device=offsets.device),
+                                     offsets[1:] - offsets[:-1], output_size=index.shape[0])
+    return torch.cat([offsets, index, row_of])
+
+
 def gather_reduce_indexed(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
     """:data:`gather_reduce` as ATen's ``index_select`` and ``index_add`` (a mean then scales each row by 1/its
     segment's size), with ATen's own autograd: for graphs whose index tensors are new on every call (the
     batches of a union, :mod:`dynamo_relational.batching`), where building the sparse matrices of
-    :func:`gather_reduce_eager` costs more than multiplying by them. On the CPU; on CUDA, whose ``index_add``
-    adds in no fixed order, and for the adjoint of a mean, it is :func:`gather_reduce_eager`. Without
-    ``transpose`` it reads only the CSR of ``A`` at the start of ``csr``, which may end there."""
-    if source.device.type != "cpu" or reduce not in GATHER_REDUCTIONS:
+    :func:`gather_reduce_eager` costs more than multiplying by them. On the CPU ``csr`` is in the indexed
+    layout (:func:`pack_indexed`), which the batch assembly writes; a sum or mean, not transposed. On CUDA,
+    whose ``index_add`` adds in no fixed order, it is :func:`gather_reduce_eager` of the packed layout."""
+    if source.device.type != "cpu":
         return gather_reduce_eager(source, csr, rows, reduce, transpose)
     _check(source, csr, reduce)
-    columns = source.shape[0]
-    if transpose:
-        offsets, index = unpack_csr(csr, columns, rows, transpose=True)
-    else:   # the leading part of the packed layout: also what a union's batches pack on the CPU (no transpose)
-        offsets = csr[:rows + 1]
-        index = csr[rows + 1:rows + 1 + int(offsets[-1])]
-    sizes = numpy.diff(offsets.numpy())
-    row_of_entry = torch.from_numpy(numpy.repeat(numpy.arange(rows), sizes))
-    width = math.prod(source.shape[1:])
-    flat = source.reshape(columns, width)
-    out = flat.new_zeros((rows, width)).index_add_(0, row_of_entry, flat.index_select(0, index))
-    if reduce == "mean" and source.dtype in _NUMPY_FLOATS:
-        out = out * torch.from_numpy(_inverse_sizes(sizes, source.dtype)).unsqueeze(1)
-    elif reduce == "mean":
-        out = out / _counts(offsets, source.dtype).unsqueeze(1)
-    return out.reshape((rows, *source.shape[1:]))
+    if transpose or reduce not in GATHER_REDUCTIONS:
+        raise ValueError(f"gather_reduce_indexed: a sum or mean, not transposed, got {reduce!r}"
+                         + (" transposed" if transpose else ""))
+    nnz, odd = divmod(csr.shape[0] - rows - 1, 2)
+    if odd or nnz < 0:
+        raise ValueError(f"indexed CSR of length {csr.shape[0]} does not fit {rows} rows")
+    index, row_of = csr[rows + 1:rows + 1 + nnz], csr[rows + 1 + nnz:]
+    out = source.new_zeros((rows, *source.shape[1:])).index_add_(0, row_of, source.index_select(0, index))
+    if reduce == "mean":
+        out = out / _counts(csr[:rows + 1], source.dtype).view(-1, *[1] * (source.dim() - 1))
+    return out
 
 
 def gather_rows_indexed(source: Tensor, csr: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dynamo_relational.assembly import Assembly
-from dynamo_relational.kernels.gather_reduce import pack_csr
+from dynamo_relational.kernels.gather_reduce import pack_csr, pack_indexed
 from dynamo_relational.row_plan import CatRows, Rows, SharedRows, GatherIndex
 
 
@@ -78,9 +78,10 @@ def random_union(rng: numpy.random.Generator, samples: int):
     return indices, [leaves[0], cat, shared]
 
 
-def without_transpose(csr: torch.Tensor, rows: int) -> torch.Tensor:
-    """The leading ``[offsets, index]`` of a packed CSR of ``rows`` rows."""
-    return csr[:rows + 1 + int(csr[rows])]
+def indexed(csr: torch.Tensor, rows: int) -> torch.Tensor:
+    """The indexed layout of a packed CSR of ``rows`` rows."""
+    offsets = csr[:rows + 1]
+    return pack_indexed(offsets, csr[rows + 1:rows + 1 + int(offsets[-1])])
 
 
 @pytest.mark.parametrize("transposes", [True, False])
@@ -90,13 +91,13 @@ def test_assembled_index_tensors_equal_their_definition(seed, transposes):
     samples = int(rng.integers(1, 6))
     indices, sizes = random_union(rng, samples)
     assembly = Assembly(indices, sizes, samples)
-    assembly.transposes = transposes   # (packed for CUDA's kernels; the CPU's indexed forms need no transpose)
+    assembly.transposes = transposes   # (packed for CUDA's kernels; the CPU's indexed forms read rows instead)
     for batch in ([0], list(range(samples)), list(rng.integers(0, samples, 7)), list(range(samples))[::-1]):
         got = assembly.arguments(numpy.array(batch, dtype=numpy.int64))
         for i, index in enumerate(indices):
             want = expected(index, batch)
             if index.kind == "reduce" and not transposes:
-                want = without_transpose(want, sum(int((index.out.owner == s).sum()) for s in batch))
+                want = indexed(want, sum(int((index.out.owner == s).sum()) for s in batch))
             torch.testing.assert_close(got[i].long(), want.long(), rtol=0, atol=0,
                                        msg=lambda m: f"{index.kind} index {i}, batch {batch}: {m}")
         want_sizes = [len(set(restricted_rows(rows, batch).values())) for rows in sizes]

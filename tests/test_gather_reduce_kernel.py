@@ -147,29 +147,26 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
-@pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("shape", [(3, 2), (4,), (0,)])
-def test_indexed_forms_equal_the_ops_values_and_gradients(reduce, transpose, shape):
-    """``index_select`` + ``index_add`` (the forms for indices new on every call): the op's numbers, empty
-    segments and rows of no width included."""
-    from dynamo_relational.kernels.gather_reduce import gather_reduce_indexed, gather_rows_indexed
+def test_indexed_forms_equal_the_ops_values_and_gradients(reduce, shape):
+    """``index_select`` + ``index_add`` of the indexed layout (the forms for indices new on every call): the
+    op's numbers, empty segments and rows of no width included."""
+    from dynamo_relational.kernels.gather_reduce import gather_reduce_indexed, gather_rows_indexed, pack_indexed
 
     generator = torch.Generator().manual_seed(0)
     rows, columns = 6, 5
     offsets = torch.tensor([0, 2, 2, 5, 6, 6, 9])
-    csr = pack_csr(offsets, torch.randint(0, columns, (9,), generator=generator), columns)
-    source = torch.randn((rows if transpose else columns, *shape), dtype=torch.float64, generator=generator,
-                         requires_grad=True)
-    out_rows = columns if transpose else rows
-    want, got = (f(source, csr, out_rows, reduce, transpose) for f in (gather_reduce, gather_reduce_indexed))
+    index = torch.randint(0, columns, (9,), generator=generator)
+    csr = pack_csr(offsets, index, columns)
+    source = torch.randn((columns, *shape), dtype=torch.float64, generator=generator, requires_grad=True)
+    want, got = gather_reduce(source, csr, rows, reduce), gather_reduce_indexed(source, pack_indexed(offsets, index),
+                                                                                 rows, reduce)
     weights = torch.randn(want.shape, dtype=torch.float64, generator=generator)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(torch.autograd.grad((got * weights).sum(), source),
                                torch.autograd.grad((want * weights).sum(), source), rtol=1e-12, atol=1e-12)
-    if not transpose:   # a union's batches on the CPU pack only the leading [offsets, index]
-        leading = csr[:rows + 1 + int(offsets[-1])]
-        torch.testing.assert_close(gather_reduce_indexed(source, leading, out_rows, reduce), want, rtol=1e-12,
-                                   atol=1e-12)
+    with pytest.raises(ValueError, match="not transposed"):
+        gather_reduce_indexed(source, pack_indexed(offsets, index), rows, reduce, True)
     gather = pack_csr(unit_offsets(4), torch.tensor([4, 0, 0, 2]), 5)
     x = torch.randn(5, 3, dtype=torch.float64, generator=generator)
     torch.testing.assert_close(gather_rows_indexed(x, gather), gather_rows(x, gather))
