@@ -334,15 +334,15 @@ class BatchedModule(nn.Module):
         arguments = union.plan.arguments(batch)
         self.report.assembly_seconds.append(time.perf_counter() - start)
         outputs = union.run(*inputs, *arguments)
-        per_output = [union.plan.split(batch, j, value) for j, value in enumerate(outputs)]
+        per_output = [union.plan.split(batch, j, value, layout == "stack")
+                      for j, (value, layout) in enumerate(zip(outputs, union.layout.outputs))]
         results = []
         for b, k in enumerate(keys):
             graph = self._graph(k)
-            leaves = [part[b] if layout == "cat" else part[b][0]
-                      for part, layout in zip(per_output, union.layout.outputs)]
+            leaves = [part[b] for part in per_output]
             for position, value in graph.constants.items():
                 leaves.insert(position, value)
-            results.append(pytree.tree_unflatten(leaves, graph.out_spec))
+            results.append(leaves[0] if graph.out_spec.is_leaf() else pytree.tree_unflatten(leaves, graph.out_spec))
         return results
 
     def _one_by_one(self, samples: list[tuple], reason: str) -> list[Any]:

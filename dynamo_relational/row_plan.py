@@ -203,15 +203,17 @@ class RowPlan:
         """The index tensors and sizes of ``batch``, in the order of the graph's inputs after the data."""
         return self.assembly.arguments(batch.samples)
 
-    def split(self, batch: Batch, j: int, value: torch.Tensor) -> list[torch.Tensor]:
+    def split(self, batch: Batch, j: int, value: torch.Tensor, stacked: bool = False) -> Sequence[torch.Tensor]:
         """Output ``j`` of the batch graph cut into the rows of each batch position (each sample's in its
-        own order)."""
+        own order); ``stacked``: one row per sample, each row as it is (``unbind``, one view per sample)."""
         rows = self.outputs[j]
         if type(rows) is not Rows:   # parts after parts: bring each sample's rows together
             union_rows, position = rows.listing(batch)
             order = numpy.argsort(position * max(rows.rows, 1) + union_rows, kind="stable")
             value = value[torch.from_numpy(order).to(value.device, non_blocking=True)]
-        return list(torch.split(value, rows.counts[batch.samples].tolist()))
+        if stacked:
+            return value.unbind(0)
+        return torch.split(value, rows.counts[batch.samples].tolist())
 
 
 def analyse(gm: fx.GraphModule, input_owners: Sequence[torch.Tensor], samples: int) -> RowPlan:
