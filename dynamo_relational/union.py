@@ -37,6 +37,7 @@ from dynamo_relational.passes.cse import value_key
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 
 from .ops import REGISTRY, TensorInfo, tensor_info
+from .ops.facts import is_factory
 from .options import Options
 
 #: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
@@ -168,11 +169,13 @@ class _Shared:
         return self.attr_nodes[name]
 
     def key(self, node: fx.Node, args: tuple, kwargs: dict) -> Hashable | None:
-        """What identifies ``node``'s value if it is an op of the catalog on shared values alone that CSE would
-        merge (equal keys, equal values), else None."""
+        """What identifies ``node``'s value if CSE would merge it (equal keys, equal values) and it is an op of
+        the catalog on shared values alone or a deterministic factory (a leaf's ``torch.zeros(1, d)``), else
+        None."""
         inputs: list[fx.Node] = []
         fx.node.map_arg((args, kwargs), inputs.append)
-        if not inputs or any(a not in self.nodes for a in inputs) or REGISTRY.family_of(node) is None:
+        if any(a not in self.nodes for a in inputs) or \
+                not (is_factory(node) if not inputs else REGISTRY.family_of(node) is not None):
             return None
         return value_key(node, args, kwargs)
 

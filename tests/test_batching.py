@@ -33,6 +33,18 @@ def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind):
     assert (report.structures, report.groupings) == second_epoch   # nothing traced or grouped in epoch 3
 
 
+def test_values_every_sample_computes_alike_are_computed_once_in_the_union():
+    """The child-sum leaves' ``x.new_zeros(1, hidden)`` and what they compute from it with parameters alone
+    (``fh(zeros)``): one node for all samples, not one per sample."""
+    data = dataset("childsum", 12, features=4, dtype=torch.float64)
+    model = MODELS["childsum"][0](4).double()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    assert_batches_match_eager(batched, model, data[::-1])
+    nodes = batched._cache.union.plan.graph.graph.nodes
+    assert sum(1 for n in nodes if n.target is torch.zeros) <= 1
+
+
 def test_the_readme_training_loop_over_a_data_loader_trains_as_eager_does():
     """README's loop: a DataLoader of ((tree, tokens), target) pairs collated as lists, one step per batch."""
     data = [(sample, torch.randn(())) for sample in dataset("treernn", 24)]
