@@ -278,7 +278,7 @@ def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int
 def _all_stacks(leaves: list[fx.Node]) -> bool:
     """Whether every leaf is a ``torch.stack`` of a list along dim 0 that nothing else reads."""
     return all(leaf.op == "call_function" and leaf.target is torch.stack and len(leaf.args) == 1
-               and not leaf.kwargs and isinstance(leaf.args[0], (list, tuple)) and len(leaf.users) == 1
+               and not leaf.kwargs and isinstance(leaf.args[0], (list, tuple)) and not leaf.users
                for leaf in leaves)
 
 

@@ -143,6 +143,39 @@ def test_structure_in_plain_objects_is_fingerprinted_and_tensors_inside_them_are
         batched([(Node(torch.tensor(1)), torch.ones((), dtype=torch.float64))])
 
 
+class NodeStates(TreeRNN):
+    """Every node's state, ``torch.stack(h)``: a result of as many rows as the sample has nodes (with
+    ``also_pooled``, each plus their mean, which reads the stack as a whole)."""
+
+    def __init__(self, features: int, also_pooled: bool = False):
+        super().__init__(features, hidden=5)
+        self.also_pooled = also_pooled
+
+    def forward(self, children, x):
+        h = [None] * len(children)
+        for v in reversed(range(len(children))):
+            own = self.W(x[v])
+            h[v] = torch.tanh(own + self.U(sum(h[c] for c in children[v])) if children[v] else own)
+        states = torch.stack(h)
+        return states + states.mean(0) if self.also_pooled else states
+
+
+def test_results_with_a_row_per_node_join_the_samples_rows():
+    data = dataset("treernn", 10, features=4, dtype=torch.float64)
+    model = NodeStates(4).double()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    for batch in (data[::-1], data[3:7], [data[2]] * 3):
+        assert_batches_match_eager(batched, model, batch)
+    assert batched.report.unbatched == 0 and batched.report.groupings == 1
+    model = NodeStates(4, also_pooled=True).double()   # a reduction over a sample's rows: one by one
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    with warnings_logged() as messages:
+        assert_batches_match_eager(batched, model, data[:4], through_union=False)
+    assert batched.report.unbatched_reason and any(batched.report.unbatched_reason in m for m in messages)
+
+
 def test_a_model_that_mixes_samples_rows_runs_one_by_one_with_the_reason_logged():
     class WholeInput(nn.Module):
         def __init__(self):
