@@ -115,6 +115,12 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     # Signatures as small ints (equal keys, equal ints): the schedules hash each of them several
     # times, and a key is a deep tuple.
     keys = _signature_ids(ops, units, opts.max_typed_groups)
+    if union:   # each of a union's outputs is one gather of the samples' rows: grouped with another, its rows
+        # would be rows of the group's rows (the samples' results of both outputs), which no batch restricts
+        fresh = max((k for k in keys if k is not None), default=-1) + 1
+        for i, node in enumerate(units):
+            if JOINED_OUTPUT in node.meta and keys[i] is not None:
+                keys[i], fresh = fresh, fresh + 1
     position = index.get
     preds = [[i for i in map(position, n.all_input_nodes) if i is not None] for n in units]
     # Ops outside the catalog may be impure (random numbers, I/O): keep their relative order.

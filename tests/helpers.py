@@ -9,6 +9,7 @@ import logging
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 import dynamo_relational
 from examples.data import graph_batch
@@ -281,6 +282,8 @@ def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], th
     assert len(got) == len(want)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
+    got, want = ([t for t in pytree.tree_leaves(results) if isinstance(t, torch.Tensor)]   # (tuples, dicts)
+                 for results in (got, want))
     weights = [torch.randn_like(w) for w in want]
     wrt = list(model.parameters()) + [a for s in inputs for a in s if isinstance(a, torch.Tensor)]
     got_grads = torch.autograd.grad(sum((g * c).sum() for g, c in zip(got, weights)), wrt)

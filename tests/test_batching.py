@@ -11,7 +11,7 @@ from torch import nn
 
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
-from examples.per_sample import MODELS, TreeRNN, dataset
+from examples.per_sample import MODELS, TreeLSTM, TreeRNN, dataset
 from tests.helpers import BATCH_TOLERANCE, assert_batches_match_eager, warnings_logged
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
@@ -174,6 +174,32 @@ def test_results_with_a_row_per_node_join_the_samples_rows():
     with warnings_logged() as messages:
         assert_batches_match_eager(batched, model, data[:4], through_union=False)
     assert batched.report.unbatched_reason and any(batched.report.unbatched_reason in m for m in messages)
+
+
+class RootState(TreeLSTM):
+    """The root's ``(h, c)``, or with ``nodes``, the states of the first and last node: several results of
+    one shape per sample."""
+
+    def __init__(self, features: int, nodes: bool = False):
+        super().__init__(features, hidden=4)
+        self.nodes = nodes
+
+    def forward(self, children, x):
+        states = [None] * len(children)
+        for v in reversed(range(len(children))):
+            states[v] = self.node(x[v], [states[c] for c in children[v]])
+        return (states[0][0], states[-1][0]) if self.nodes else states[0]
+
+
+@pytest.mark.parametrize("nodes", [False, True])
+def test_several_results_of_one_shape_are_each_a_result(nodes):
+    data = dataset("treelstm", 10, features=4, dtype=torch.float64)
+    model = RootState(4, nodes).double()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    for batch in (data[::-1], data[2:5]):
+        assert_batches_match_eager(batched, model, batch)
+    assert batched.report.unbatched == 0 and batched.report.groupings == 1
 
 
 def test_a_model_that_mixes_samples_rows_runs_one_by_one_with_the_reason_logged():
