@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from dynamo_relational.passes import PIPELINE, PassContext
 from dynamo_relational.passes.cse import value_key
+from dynamo_relational.passes.postpone_gathers import row_wise_in
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 
 from .ops import REGISTRY, TensorInfo, tensor_info
@@ -127,14 +128,16 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
             offsets[j] += sample.input_shapes[j][0] if layout == "cat" else 1
     outputs_layout = []
     outputs = []
+    consumed: list[fx.Node] = []
     for j in range(len(samples[0].output_shapes)):
-        node, layout = _join_outputs(graph, [leaf[j] for leaf in leaves], [s.output_shapes[j] for s in samples], j)
+        node, layout = _join_outputs(graph, [leaf[j] for leaf in leaves], [s.output_shapes[j] for s in samples], j,
+                                     consumed)
         outputs.append(node)
         outputs_layout.append(layout)
     graph.output(tuple(outputs))
-    for leaf in (leaf for sample_leaves in leaves for leaf in sample_leaves):   # stacks inlined into the outputs
-        if not leaf.users and leaf.target is torch.stack:
-            graph.erase_node(leaf)
+    for node in dict.fromkeys(consumed):   # joined into the outputs without them
+        if not node.users:
+            graph.erase_node(node)
     # lazy: Python code for the ungrouped union is never needed
     return _LazyGraphModule(shared.attrs, graph), Layout(inputs_layout, tuple(outputs_layout))
 
@@ -251,11 +254,14 @@ def _row_read(node: fx.Node, placeholders: dict[fx.Node, int], layouts: tuple[st
     return j, row if rest is None else (row, *rest)
 
 
-def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int, ...]], j: int) -> tuple[fx.Node, str]:
-    """One union output from the samples' output leaves at position ``j``: stacked, or their rows joined."""
+def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int, ...]], j: int,
+                  consumed: list[fx.Node]) -> tuple[fx.Node, str]:
+    """One union output from the samples' output leaves at position ``j``: stacked, or their rows joined
+    (the leaves that the join computes without are added to ``consumed``)."""
     info = _tensor_info(leaves[0])
     rows_agree = all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1
-    if len(set(shapes)) == 1 and not (rows_agree and _all_stacks(leaves)):
+    joined = _joined_rows(graph, leaves, set(), consumed) if rows_agree else None
+    if len(set(shapes)) == 1 and joined is None:
         node = graph.call_function(torch.stack, (list(leaves),))
         node.meta["rel_info"] = TensorInfo((len(leaves), *info.shape), info.dtype, info.device)
         node.meta[JOINED_OUTPUT] = True
@@ -263,23 +269,54 @@ def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int
     if not rows_agree:
         raise NotBatchable(f"output {j} has shapes {sorted(set(shapes))[:3]} across samples: they join along dim 0 "
                            "only where their other dims agree")
-    rows = sum(s[0] for s in shapes)
-    if _all_stacks(leaves):   # cat(stack(a), stack(b)) is stack(a + b): the rows themselves group
-        # (each leaf's stacked terms are a list or tuple: _all_stacks checked)
+    if joined is None:
+        joined = graph.call_function(torch.cat, (list(leaves),))
+        joined.meta[JOINED_OUTPUT] = True
+        joined.meta["rel_info"] = TensorInfo((sum(s[0] for s in shapes), *info.shape[1:]), info.dtype, info.device)
+    return joined, "cat"
+
+
+def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
+                 consumed: list[fx.Node]) -> fx.Node | None:
+    """A node whose rows are the rows of every leaf, leaf after leaf, computed without the leaves (which
+    ``readers`` alone read), where each leaf is a ``torch.stack`` (or each a ``torch.cat``) of a list along
+    dim 0 (``cat(stack(a), stack(b))`` is ``stack(a + b)``: the stacked rows themselves group), or each is the
+    same row-wise op
+    (``F.linear`` by the same weights, an elementwise op of constants) of such values (``cat(f(a), f(b))`` is
+    ``f(cat(a, b))``, one op on all rows: a classifier over every node's state), the leaves added to
+    ``consumed``. None otherwise."""
+    if any(set(leaf.users) - readers or leaf.op != "call_function" and leaf.op != "call_method"
+           for leaf in leaves):
+        return None
+    first = leaves[0]
+    if first.target in (torch.stack, torch.cat) and all(
+            leaf.target is first.target and len(leaf.args) == 1 and not leaf.kwargs
+            and isinstance(leaf.args[0], (list, tuple)) for leaf in leaves):
         terms = [item for leaf in leaves for item in cast(Sequence[fx.node.Argument], leaf.args[0])]
-        node = graph.call_function(torch.stack, (terms,))
+        joined = graph.call_function(first.target, (terms,))
+        joined.meta[JOINED_OUTPUT] = True
+        infos = [_tensor_info(cast(fx.Node, t)) for t in terms]
+        term = infos[0]
+        if first.target is torch.stack:
+            shape = (len(terms), *term.shape)
+        else:
+            shape = (sum(i.shape[0] for i in infos), *term.shape[1:])
+        joined.meta["rel_info"] = TensorInfo(shape, term.dtype, term.device)
+    elif all(leaf.op == first.op and leaf.target == first.target and leaf.args[1:] == first.args[1:]
+             and leaf.kwargs == first.kwargs and isinstance(leaf.args[0], fx.Node) and row_wise_in(leaf, leaf.args[0])
+             for leaf in leaves):
+        inner = _joined_rows(graph, [cast(fx.Node, leaf.args[0]) for leaf in leaves], set(leaves), consumed)
+        if inner is None:
+            return None
+        # (of no sample: a union's op on the rows of all of them, which grouping leaves as it is)
+        joined = graph.create_node(first.op, first.target, (inner, *first.args[1:]), dict(first.kwargs))
+        joined.meta.update({k: v for k, v in first.meta.items() if k not in (SAMPLE, "rel_info")})
+        rows, row = _tensor_info(inner).shape[0], _tensor_info(first)
+        joined.meta["rel_info"] = TensorInfo((rows, *row.shape[1:]), row.dtype, row.device)
     else:
-        node = graph.call_function(torch.cat, (list(leaves),))
-    node.meta["rel_info"] = TensorInfo((rows, *info.shape[1:]), info.dtype, info.device)
-    node.meta[JOINED_OUTPUT] = True
-    return node, "cat"
-
-
-def _all_stacks(leaves: list[fx.Node]) -> bool:
-    """Whether every leaf is a ``torch.stack`` of a list along dim 0 that nothing else reads."""
-    return all(leaf.op == "call_function" and leaf.target is torch.stack and len(leaf.args) == 1
-               and not leaf.kwargs and isinstance(leaf.args[0], (list, tuple)) and not leaf.users
-               for leaf in leaves)
+        return None
+    consumed[:0] = leaves   # (readers first: erased in this order, each is read by no one when its turn comes)
+    return joined
 
 
 def _tensor_info(node: fx.Node) -> TensorInfo:

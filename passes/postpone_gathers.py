@@ -50,7 +50,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             if gather is None:
                 continue
             for user in list(node.users):
-                if _row_wise_in(user, node):
+                if row_wise_in(user, node):
                     _move_below(gm, gather, user)
                     moved += 1
                     changed = True
@@ -63,7 +63,7 @@ def sites(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
     found = []
     for node in gm.graph.nodes:
         if _postponable(gm, node) is not None:
-            found += [(node, user) for user in node.users if _row_wise_in(user, node)]
+            found += [(node, user) for user in node.users if row_wise_in(user, node)]
     return found
 
 
@@ -86,7 +86,7 @@ def _result_row(user: fx.Node, operand: fx.Node) -> TensorInfo:
     return TensorInfo(shape, x.dtype, x.device)
 
 
-def _row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
+def row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
     """``user`` computes each row from the same row of ``operand`` (its only row-carrying input)."""
     if user.op != "call_function" or not user.args or user.args[0] is not operand:
         return False

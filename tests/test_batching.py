@@ -144,31 +144,43 @@ def test_structure_in_plain_objects_is_fingerprinted_and_tensors_inside_them_are
 
 
 class NodeStates(TreeRNN):
-    """Every node's state, ``torch.stack(h)``: a result of as many rows as the sample has nodes (with
-    ``also_pooled``, each plus their mean, which reads the stack as a whole)."""
+    """A result with a row per node: every node's state (``style`` "stack": ``torch.stack(h)``, "cat": ``torch.cat``
+    of one-row states), scores of every node by a classifier, or (``pooled``) each state plus their mean,
+    which reads the stack as a whole."""
 
-    def __init__(self, features: int, also_pooled: bool = False):
+    def __init__(self, features: int, style: str = "stack"):
         super().__init__(features, hidden=5)
-        self.also_pooled = also_pooled
+        self.style = style
+        if style == "classifier":
+            self.out = nn.Linear(5, 3)
 
     def forward(self, children, x):
         h = [None] * len(children)
         for v in reversed(range(len(children))):
             own = self.W(x[v])
             h[v] = torch.tanh(own + self.U(sum(h[c] for c in children[v])) if children[v] else own)
+        if self.style == "cat":
+            return torch.cat([state.unsqueeze(0) for state in h])
         states = torch.stack(h)
-        return states + states.mean(0) if self.also_pooled else states
+        if self.style == "classifier":
+            return torch.sigmoid(self.out(states) * 2)
+        return states + states.mean(0) if self.style == "pooled" else states
 
 
-def test_results_with_a_row_per_node_join_the_samples_rows():
+@pytest.mark.parametrize("style", ["stack", "cat", "classifier"])
+def test_results_with_a_row_per_node_join_the_samples_rows(style):
     data = dataset("treernn", 10, features=4, dtype=torch.float64)
-    model = NodeStates(4).double()
+    model = NodeStates(4, style).double()
     batched = dynamo_relational.batch(model)
     batched(data)
     for batch in (data[::-1], data[3:7], [data[2]] * 3):
         assert_batches_match_eager(batched, model, batch)
     assert batched.report.unbatched == 0 and batched.report.groupings == 1
-    model = NodeStates(4, also_pooled=True).double()   # a reduction over a sample's rows: one by one
+
+
+def test_a_result_read_as_a_whole_per_sample_runs_the_samples_one_by_one():
+    data = dataset("treernn", 10, features=4, dtype=torch.float64)
+    model = NodeStates(4, "pooled").double()
     batched = dynamo_relational.batch(model)
     batched(data)
     with warnings_logged() as messages:
