@@ -34,6 +34,7 @@ from typing import Any, Callable, Sequence, cast
 import numpy
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.operator_schemas import normalize_function
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
@@ -500,6 +501,10 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if not keeps:
             raise Refused(f"{_describe(node)}: a product that contracts or broadcasts the rows of samples")
         return first
+    if node.op == "call_function" and target is F.embedding:
+        if operands != [args[0]]:
+            raise Refused(f"{_describe(node)}: an embedding of rows needs a shared table")
+        return first   # each row's index looked up
     if node.op == "call_function" and REGISTRY.family_of(node) is CELL:
         if any(a in analysis.rows for a in args[2:]):
             raise Refused(f"{_describe(node)}: recurrent cell weights must be shared")

@@ -91,11 +91,12 @@ def assert_fast_compile_matches_eager(model: nn.Module, *inputs: torch.Tensor, t
     compiled_out, eager_out = compiled(*leaves), model(*leaves)
     tol = tolerance or TOLERANCE[eager_out.dtype]
     torch.testing.assert_close(compiled_out, eager_out, **tol)
-    wrt = list(model.parameters()) + leaves
+    differentiable = [x for x in leaves if x.requires_grad]   # (not integer inputs: indices, token ids)
+    wrt = list(model.parameters()) + differentiable
     weights = torch.randn_like(eager_out)
     got = torch.autograd.grad((compiled_out * weights).sum(), wrt, allow_unused=True)
     want = torch.autograd.grad((eager_out * weights).sum(), wrt, allow_unused=True)
-    for (name, _), g, w in zip([*model.named_parameters(), *(("input", x) for x in leaves)], got, want):
+    for (name, _), g, w in zip([*model.named_parameters(), *(("input", x) for x in differentiable)], got, want):
         if w is None:
             assert g is None or torch.count_nonzero(g) == 0, name
         else:
@@ -272,8 +273,8 @@ BATCH_TOLERANCE = dict(rtol=1e-8, atol=1e-10)
 def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], through_union: bool = True) -> None:
     """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's;
     with ``through_union``, every sample ran from the grouped union."""
-    inputs = [tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) else a for a in s)
-              for s in batch]
+    inputs = [tuple(a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
+                    for a in s) for s in batch]
     unbatched = (batched.report.eager_samples, batched.report.unbatched)
     got = batched(inputs)
     if through_union:
@@ -285,7 +286,7 @@ def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], th
     got, want = ([t for t in pytree.tree_leaves(results) if isinstance(t, torch.Tensor)]   # (tuples, dicts)
                  for results in (got, want))
     weights = [torch.randn_like(w) for w in want]
-    wrt = list(model.parameters()) + [a for s in inputs for a in s if isinstance(a, torch.Tensor)]
+    wrt = list(model.parameters()) + [a for s in inputs for a in s if isinstance(a, torch.Tensor) and a.requires_grad]
     got_grads = torch.autograd.grad(sum((g * c).sum() for g, c in zip(got, weights)), wrt)
     want_grads = torch.autograd.grad(sum((w * c).sum() for w, c in zip(want, weights)), wrt)
     for g, w in zip(got_grads, want_grads):

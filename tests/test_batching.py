@@ -214,6 +214,34 @@ def test_several_results_of_one_shape_are_each_a_result(nodes):
     assert batched.report.unbatched == 0 and batched.report.groupings == 1
 
 
+class WordTree(nn.Module):
+    """A recursive net over a tree whose nodes are words: ``(children, token ids)``, each node's word embedded."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(30, 4, dtype=torch.float64)
+        self.W, self.U = nn.Linear(4, 5, dtype=torch.float64), nn.Linear(5, 5, dtype=torch.float64)
+
+    def forward(self, children, tokens):
+        h = [None] * len(children)
+        for v in reversed(range(len(children))):
+            own = self.W(self.emb(tokens[v]))
+            h[v] = torch.tanh(own + self.U(sum(h[c] for c in children[v])) if children[v] else own)
+        return h[0]
+
+
+def test_samples_of_token_ids_embed_each_node_in_the_union():
+    generator = torch.Generator().manual_seed(0)
+    data = [(children, torch.randint(0, 30, (len(children),), generator=generator))
+            for children, _ in dataset("treernn", 10, features=1)]
+    model = WordTree()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    for batch in (data[::-1], data[2:6]):
+        assert_batches_match_eager(batched, model, batch)
+    assert batched.report.unbatched == 0 and batched.report.groupings == 1
+
+
 def test_a_model_that_mixes_samples_rows_runs_one_by_one_with_the_reason_logged():
     class WholeInput(nn.Module):
         def __init__(self):

@@ -101,6 +101,26 @@ def test_embeddings_of_one_element_index_tensors_group(front_end):
     assert report.nodes_after < report.nodes_before / 3
 
 
+class WordsOfTheInput(nn.Module):
+    """Per-leaf lookups of the words an input tensor holds, ``emb(tokens[v])``: an index each neuron reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, dtype=torch.float64)
+
+    def forward(self, tokens, x):
+        return torch.stack([torch.tanh(self.emb(tokens[v]) * x[v]) for v in range(ROWS)])
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_embeddings_of_indices_the_neurons_read_group(front_end):
+    torch.manual_seed(0)
+    tokens, x = torch.randint(0, 10, (ROWS,)), torch.randn(ROWS, 4, dtype=torch.float64)
+    report = report_matching_eager(front_end, WordsOfTheInput(), tokens, x, inductor=False)
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 5
+
+
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_an_embedding_of_a_buffer_reads_the_buffers_value_on_every_call(front_end):
     """A buffer may change between calls: its index is never baked into the graph as a constant."""

@@ -9,7 +9,9 @@ dimension. Indexing a neuron's value by constants only (``h[1:3]``,
 ``h[[0, 2]]``, ``h[idx]`` with one index tensor for all members) applies the
 same index after the member dimension. An embedding of a constant index made
 in ``forward`` (``emb(torch.tensor(t))``, as in knowledge-graph models) is the
-row read ``emb.weight[t]``.
+row read ``emb.weight[t]``; an embedding of an index each neuron reads or
+computes (``emb(tokens[v])``) is one embedding of the members' indices
+(:class:`Lookup`).
 """
 from __future__ import annotations
 
@@ -75,6 +77,8 @@ class Select(OpFamily):
             return "embedding with padding_idx, max_norm, scale_grad_by_freq or sparse"
         weight, constant = args["weight"], _constant_index(args.get("input"))
         src, info = tensor_info(weight), tensor_info(node)
+        if constant is None and src is not None and info is not None and src.rank == 2:
+            return LOOKUP.describe_lookup(node, args.get("input"), weight, info)
         if constant is None or src is None or info is None or src.rank != 2:
             return "embedding of an index that is not one integer made in forward"
         index, shape = constant
@@ -182,4 +186,28 @@ class Slice(OpFamily):
 
 
 SLICE = Slice()
+
+
+class Lookup(OpFamily):
+    """``F.embedding(i, W)`` of an integer index ``i`` that each neuron computes or reads (``emb(tokens[v])``)
+    from a shared table ``W``: a group is one embedding of the members' indices, ``F.embedding(I, W)`` with
+    ``I[m]`` member ``m``'s index, whose rows are the members' rows of ``W``."""
+    name = "lookup"
+
+    def describe_lookup(self, node: fx.Node, index, weight, info) -> NeuronOp | str:
+        index_info = tensor_info(index)
+        if not isinstance(index, fx.Node) or index_info is None or index_info.dtype not in (torch.long, torch.int):
+            return "embedding of something other than an integer tensor"
+        key = (self.name, tensor_info(weight), index_info, info)
+        return NeuronOp(node, self, key, (index, weight), info)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        index = b.gather([m.operands[0] for m in members])
+        weight, gathered = b.slot([m.operands[1] for m in members])
+        if gathered:   # (the signature holds the table: members of a group read one)
+            return None
+        return b.graph.call_function(F.embedding, (index, weight))
+
+
+LOOKUP = Lookup()
 SELECT = register(Select(), functions=[operator.getitem, F.embedding])
