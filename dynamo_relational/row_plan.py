@@ -44,6 +44,7 @@ from dynamo_relational.passes.vectorize import ROW_SAMPLES
 
 from .assembly import Assembly
 from .ops import REGISTRY, tensor_info
+from .ops.along import values_or_indices
 from .ops.base import TensorInfo, value_info
 from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
@@ -516,6 +517,11 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         raise Refused(f"{_describe(node)} reads single rows")
     if name in _KEEP and not _flat_nodes((args[1:], kwargs)):
         return first
+    if target is values_or_indices:   # max / min along a dim, or a stable sort: one part
+        dim = kwargs.get("dim", -1)
+        if type(dim) is int and dim % _rank(args[0]) != 0:
+            return first
+        raise Refused(f"{_describe(node)} works along dim 0, across the rows of samples")
     if name in _ALONG:
         dims = _dims_by_schema(node, name, _rank(args[0]))
         if dims is not None and 0 not in (dims if isinstance(dims, tuple) else (dims,)):

@@ -242,6 +242,27 @@ def test_samples_of_token_ids_embed_each_node_in_the_union():
     assert batched.report.unbatched == 0 and batched.report.groupings == 1
 
 
+class MaxOfChildren(TreeRNN):
+    """Children pooled by ``torch.stack(states).max(0).values``: a max along each node's own rows."""
+
+    def forward(self, children, x):
+        h = [None] * len(children)
+        for v in reversed(range(len(children))):
+            own = self.W(x[v])
+            pooled = torch.stack([h[c] for c in children[v]]).max(0).values if children[v] else None
+            h[v] = torch.tanh(own + self.U(pooled) if pooled is not None else own)
+        return h[0]
+
+
+def test_a_max_over_each_nodes_children_batches():
+    data = dataset("treernn", 10, features=4, dtype=torch.float64)
+    model = MaxOfChildren(4, hidden=5).double()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    assert_batches_match_eager(batched, model, data[::-1])
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+
+
 def test_a_model_that_mixes_samples_rows_runs_one_by_one_with_the_reason_logged():
     class WholeInput(nn.Module):
         def __init__(self):
