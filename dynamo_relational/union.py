@@ -279,12 +279,11 @@ def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int
 def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
                  consumed: list[fx.Node]) -> fx.Node | None:
     """A node whose rows are the rows of every leaf, leaf after leaf, computed without the leaves (which
-    ``readers`` alone read), where each leaf is a ``torch.stack`` (or each a ``torch.cat``) of a list along
-    dim 0 (``cat(stack(a), stack(b))`` is ``stack(a + b)``: the stacked rows themselves group), or each is the
-    same row-wise op
-    (``F.linear`` by the same weights, an elementwise op of constants) of such values (``cat(f(a), f(b))`` is
-    ``f(cat(a, b))``, one op on all rows: a classifier over every node's state), the leaves added to
-    ``consumed``. None otherwise."""
+    ``readers`` alone read); the leaves are added to ``consumed``. Where each leaf is a ``torch.stack`` (or
+    each a ``torch.cat``) of a list along dim 0, ``cat(stack(a), stack(b))`` is ``stack(a + b)``: the stacked
+    rows themselves group. Where each is the same row-wise op (``F.linear`` by the same weights, an
+    elementwise op of constants) of such values, ``cat(f(a), f(b))`` is ``f(cat(a, b))``: one op on all rows
+    (a classifier over every node's state). None otherwise."""
     if any(set(leaf.users) - readers or leaf.op != "call_function" and leaf.op != "call_method"
            for leaf in leaves):
         return None
