@@ -115,8 +115,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     # Signatures as small ints (equal keys, equal ints): the schedules hash each of them several
     # times, and a key is a deep tuple.
     keys = _signature_ids(ops, units, opts.max_typed_groups)
-    if union:   # each of a union's outputs is one gather of the samples' rows: grouped with another, its rows
-        # would be rows of the group's rows (the samples' results of both outputs), which no batch restricts
+    if union:   # a union's outputs each gather the samples' results into one value: two grouped together would
+        # be one row each of a group, a row holding every sample's results, which no batch can restrict
         fresh = max((k for k in keys if k is not None), default=-1) + 1
         for i, node in enumerate(units):
             if JOINED_OUTPUT in node.meta and keys[i] is not None:
