@@ -7,7 +7,8 @@ returned with ``r.detach()`` failed with "shape '[2, 3, 3]' is invalid for
 input of size 3". The grouped graph's outputs are often such views
 (``passes/distinct_outputs.py`` replays eager's views on purpose). So Inductor
 compiles the graph up to the views' bases, and the views are taken from its
-results in Python: the same ops as eager's, on the tensors they view.
+results in Python: the same ops as eager's, on the tensors they view. So are
+the copies that give outputs memory of their own, which Inductor would merge.
 """
 from __future__ import annotations
 
@@ -42,12 +43,12 @@ def _split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule] | None:
     graph = gm.graph
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     values = output.args[0]
-    if not isinstance(values, (list, tuple)) or all(view_base(v) is v for v in values):
+    if not isinstance(values, (list, tuple)) or all(_outside_base(v) is v for v in values):
         return None
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     returned: dict = {}   # node -> its position among core's outputs
     for value in values:
-        base = view_base(value)
+        base = _outside_base(value)
         if isinstance(base, fx.Node) and base.op != "placeholder":
             returned.setdefault(base, len(returned))
 
@@ -73,3 +74,19 @@ def _split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule] | None:
 
     views_graph.output(type(values)(taken(v) for v in values))
     return core, fx.GraphModule(torch.nn.Module(), views_graph)
+
+
+def _outside_base(value):
+    """The tensor that ``value`` is computed from by views and copies: the clones by which
+    ``passes/distinct_outputs.py`` gives outputs memory of their own are taken outside too, as Inductor
+    returns one buffer for two clones of one tensor (torch 2.13), which would make those outputs share it."""
+    base = view_base(value, sizes_from_inputs=True)
+    while isinstance(base, fx.Node) and _is_clone(base):
+        base = view_base(base.args[0], sizes_from_inputs=True)
+    return base
+
+
+def _is_clone(node: fx.Node) -> bool:
+    return ((node.op == "call_method" and node.target == "clone")
+            or (node.op == "call_function" and node.target in (torch.clone, torch.ops.aten.clone.default))) \
+        and len(node.args) == 1 and not node.kwargs

@@ -178,20 +178,23 @@ def _view_of_output(values: list, p: int, first: dict) -> tuple[int, fx.Graph] |
     return q, graph
 
 
-def replayable_view(node: fx.Node) -> bool:
-    """A view of its first argument, the only node it reads, that running again changes nothing else
-    (not an in-place op, not dropout in training, which would draw random numbers)."""
-    inputs = node.all_input_nodes
-    return node.op in ("call_function", "call_method") and may_alias(node) and not writes(node) \
-        and len(inputs) == 1 and bool(node.args) and node.args[0] is inputs[0] and not draws_random_numbers(node)
+def replayable_view(node: fx.Node, sizes_from_inputs: bool = False) -> bool:
+    """A view of its first argument, the only node it reads (with ``sizes_from_inputs``, besides the graph's
+    inputs: the symbolic sizes of a graph Dynamo traced), that running again changes nothing else (not an
+    in-place op, not dropout in training, which would draw random numbers)."""
+    if node.op not in ("call_function", "call_method") or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    others = [n for n in node.all_input_nodes if n is not node.args[0]]
+    return may_alias(node) and not writes(node) and not draws_random_numbers(node) \
+        and all(sizes_from_inputs and n.op == "placeholder" for n in others)
 
 
-def view_base(value):
+def view_base(value, sizes_from_inputs: bool = False):
     """The tensor that ``value`` is computed from by :func:`replayable_view` views; ``value`` itself if none.
     A tuple is no base: ``torch.topk(h, 2)[0]`` is the values tensor itself, not a view of the tuple (a view
     reads the tensor past it: ``h.split(2)[0]`` is a view of ``h``)."""
     base = value
-    while isinstance(value, fx.Node) and replayable_view(value):
+    while isinstance(value, fx.Node) and replayable_view(value, sizes_from_inputs):
         value = value.args[0]
         if _holds_tensor(value):
             base = value

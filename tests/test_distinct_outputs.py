@@ -87,7 +87,8 @@ def test_writing_into_an_output_leaves_the_input_as_in_eager(front_end, inductor
 @pytest.mark.parametrize("inductor", [False, True])
 def test_equal_outputs_merged_by_cse_are_distinct_tensors(front_end, inductor):
     x = torch.randn(3, 3, dtype=torch.float64)
-    compiled, report = _compile(front_end, EqualOutputs(), x, inductor=inductor)
+    # (Inductor's code itself, not the ATen calls that autotune may pick: Inductor merges two clones of a value)
+    compiled, report = _compile(front_end, EqualOutputs(), x, inductor=inductor, autotune=False)
     with torch.no_grad():
         a, b, zeros, more_zeros = compiled(x)
         want = b.clone()
@@ -98,6 +99,29 @@ def test_equal_outputs_merged_by_cse_are_distinct_tensors(front_end, inductor):
     # Dynamo records torch.zeros as calls, which CSE merges; the fast front-end as graph constants, which it
     # returns as a new copy on every call (see the next test), so only the stacks are cloned.
     assert report.stats["outputs_cloned"] == {"backend": 2, "fast": 1}[front_end]
+
+
+class CopiesOfOneGroup(nn.Module):
+    """Two equal stacks of the input's rows, grouped with two other stacks: each output a copy of the group's
+    rows, which Inductor's code returned as one buffer for both."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64))
+
+    def forward(self, x):
+        hidden = torch.stack([x[j] * self.w for j in range(3)])
+        other = torch.stack([x[j] + 1 for j in range(3)])
+        return hidden[1], torch.stack([x[j] for j in range(3)]), torch.stack([x[j] for j in range(3)]), other[1]
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_copies_made_for_distinct_outputs_stay_apart_in_inductors_code(front_end):
+    x = torch.randn(3, 3, dtype=torch.float64)
+    for grounding in range(3):   # the third runs code compiled for dynamic sizes (schemas.py)
+        torch._dynamo.reset()
+        compiled, _ = _compile(front_end, CopiesOfOneGroup(), x, inductor=True, autotune=False)
+        _assert_writes_as_in_eager(compiled, CopiesOfOneGroup(), x, range(4))
 
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
