@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from dynamo_relational.passes.distinct_outputs import view_base
+from dynamo_relational.passes.distinct_outputs import replayable_view, view_base
 
 
 def compile_with_views_outside(compile_fn: Callable, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -81,7 +81,7 @@ def _outside_base(value):
     ``passes/distinct_outputs.py`` gives outputs memory of their own are taken outside too, as Inductor
     returns one buffer for two clones of one tensor (torch 2.13), which would make those outputs share it."""
     base = view_base(value, sizes_from_inputs=True)
-    while isinstance(base, fx.Node) and _is_clone(base):
+    while isinstance(base, fx.Node) and _is_clone(base) and _read_by_views_only(base):
         base = view_base(base.args[0], sizes_from_inputs=True)
     return base
 
@@ -90,3 +90,9 @@ def _is_clone(node: fx.Node) -> bool:
     return ((node.op == "call_method" and node.target == "clone")
             or (node.op == "call_function" and node.target in (torch.clone, torch.ops.aten.clone.default))) \
         and len(node.args) == 1 and not node.kwargs
+
+
+def _read_by_views_only(node: fx.Node) -> bool:
+    """Whether only outputs and views read ``node``, and their views in turn (nothing writes into it)."""
+    return all(user.op == "output" or (replayable_view(user, sizes_from_inputs=True) and _read_by_views_only(user))
+               for user in node.users)

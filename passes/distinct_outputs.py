@@ -186,7 +186,13 @@ def replayable_view(node: fx.Node, sizes_from_inputs: bool = False) -> bool:
         return False
     others = [n for n in node.all_input_nodes if n is not node.args[0]]
     return may_alias(node) and not writes(node) and not draws_random_numbers(node) \
-        and all(sizes_from_inputs and n.op == "placeholder" for n in others)
+        and all(sizes_from_inputs and _is_size_input(n) for n in others)
+
+
+def _is_size_input(node: fx.Node) -> bool:
+    """An input of the graph that is a size (an int, or a symbolic one: Dynamo's fake value), not a tensor."""
+    return node.op == "placeholder" and isinstance(node.meta.get("example_value", node.meta.get("val")),
+                                                   (int, torch.SymInt))
 
 
 def view_base(value, sizes_from_inputs: bool = False):
