@@ -2,6 +2,9 @@
 returned tensor changes what it changes in eager, nothing more."""
 import dataclasses
 import operator
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -117,11 +120,21 @@ class CopiesOfOneGroup(nn.Module):
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
 def test_copies_made_for_distinct_outputs_stay_apart_in_inductors_code(front_end):
-    x = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    for grounding in range(3):   # the third runs code compiled for dynamic sizes (schemas.py)
-        torch._dynamo.reset()
-        compiled, _ = _compile(front_end, CopiesOfOneGroup(), x, inductor=True, autotune=False)
-        _assert_writes_as_in_eager(compiled, CopiesOfOneGroup(), x, range(4))
+    """Three groundings, the third on code compiled for dynamic sizes (schemas.py), each a write into every
+    output. In a fresh interpreter: code that other tests compiled (the per-process schemas) must not serve
+    it."""
+    code = ("import torch\n"
+            "from tests.test_distinct_outputs import CopiesOfOneGroup, _assert_writes_as_in_eager, _compile\n"
+            "x = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))\n"
+            "for grounding in range(3):\n"
+            "    torch._dynamo.reset()\n"
+            f"    compiled, _ = _compile({front_end!r}, CopiesOfOneGroup(), x, inductor=True, autotune=False)\n"
+            "    _assert_writes_as_in_eager(compiled, CopiesOfOneGroup(), x, range(4))\n"
+            "print('ok')\n")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
 
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
