@@ -37,18 +37,20 @@ def compile_with_views_outside(compile_fn: Callable, gm: fx.GraphModule, example
 
 
 def _split(gm: fx.GraphModule) -> tuple[fx.GraphModule, fx.GraphModule] | None:
-    """``(core, views)``: ``core`` computes ``gm``'s outputs that are not views, then the computed bases of
-    those that are; ``views(*core's outputs, *gm's inputs)`` gives ``gm``'s outputs. None where no output
-    is a view (or the outputs are no flat sequence)."""
+    """``(core, views)``: ``core`` computes ``gm``'s outputs that are not views or copies, then the computed
+    bases of those that are; ``views(*core's outputs, *gm's inputs)`` gives ``gm``'s outputs. None where no
+    output is one (or the outputs are no flat sequence)."""
     graph = gm.graph
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
     values = output.args[0]
-    if not isinstance(values, (list, tuple)) or all(_outside_base(v) is v for v in values):
+    if not isinstance(values, (list, tuple)):
+        return None
+    bases = [_outside_base(v) for v in values]
+    if all(base is v for base, v in zip(bases, values)):
         return None
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     returned: dict = {}   # node -> its position among core's outputs
-    for value in values:
-        base = _outside_base(value)
+    for base in bases:
         if isinstance(base, fx.Node) and base.op != "placeholder":
             returned.setdefault(base, len(returned))
 

@@ -284,8 +284,7 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
     rows themselves group. Where each is the same row-wise op (``F.linear`` by the same weights, an
     elementwise op of constants) of such values, ``cat(f(a), f(b))`` is ``f(cat(a, b))``: one op on all rows
     (a classifier over every node's state). None otherwise."""
-    if any(set(leaf.users) - readers or leaf.op != "call_function" and leaf.op != "call_method"
-           for leaf in leaves):
+    if any(set(leaf.users) - readers or leaf.op not in ("call_function", "call_method") for leaf in leaves):
         return None
     first = leaves[0]
     if first.target in (torch.stack, torch.cat) and all(
@@ -294,12 +293,11 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
         terms = [item for leaf in leaves for item in cast(Sequence[fx.node.Argument], leaf.args[0])]
         joined = graph.call_function(first.target, (terms,))
         joined.meta[JOINED_OUTPUT] = True
-        infos = [_tensor_info(cast(fx.Node, t)) for t in terms]
-        term = infos[0]
+        term = _tensor_info(cast(fx.Node, terms[0]))
         if first.target is torch.stack:
             shape = (len(terms), *term.shape)
         else:
-            shape = (sum(i.shape[0] for i in infos), *term.shape[1:])
+            shape = (sum(_tensor_info(cast(fx.Node, t)).shape[0] for t in terms), *term.shape[1:])
         joined.meta["rel_info"] = TensorInfo(shape, term.dtype, term.device)
     elif all(leaf.op == first.op and leaf.target == first.target and leaf.args[1:] == first.args[1:]
              and leaf.kwargs == first.kwargs and isinstance(leaf.args[0], fx.Node) and row_wise_in(leaf, leaf.args[0])
