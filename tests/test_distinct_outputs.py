@@ -118,13 +118,21 @@ class CopiesOfOneGroup(nn.Module):
         return hidden[1], torch.stack([x[j] for j in range(3)]), torch.stack([x[j] for j in range(3)]), other[1]
 
 
-@pytest.mark.parametrize("front_end", ["backend", "fast"])
-def test_copies_made_for_distinct_outputs_stay_apart_in_inductors_code(front_end):
+#: ``torch.select`` as torch_geometric replaces it on import: a Python wrapper, which Dynamo records in its place
+_WRAPPED_SELECT = ("original_select = torch.select\n"
+                   "def wrapped_select(input, dim, index):\n"
+                   "    return original_select(input, dim, index)\n"
+                   "torch.select = wrapped_select\n")
+
+
+@pytest.mark.parametrize("front_end, wrapped_select", [("backend", False), ("fast", False), ("fast", True)])
+def test_copies_made_for_distinct_outputs_stay_apart_in_inductors_code(front_end, wrapped_select):
     """Three groundings, the third on code compiled for dynamic sizes (schemas.py), each a write into every
-    output. In a fresh interpreter: code that other tests compiled (the per-process schemas) must not serve
-    it."""
+    output; also where ``torch.select``, which the dynamic-size code calls, is another library's wrapper. In a
+    fresh interpreter, where no import made it one."""
     code = ("import torch\n"
-            "from tests.test_distinct_outputs import CopiesOfOneGroup, _assert_writes_as_in_eager, _compile\n"
+            + (_WRAPPED_SELECT if wrapped_select else "")
+            + "from tests.test_distinct_outputs import CopiesOfOneGroup, _assert_writes_as_in_eager, _compile\n"
             "x = torch.randn(3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))\n"
             "for grounding in range(3):\n"
             "    torch._dynamo.reset()\n"

@@ -46,6 +46,28 @@ def test_views_casts_and_eval_dropout_may_alias_and_arithmetic_does_not():
     assert facts.is_view(_call(getattr, "x", "T")) and not facts.is_view(_call(getattr, "x", "data"))
 
 
+def test_a_wrapper_another_library_put_in_place_of_a_torch_function_is_that_op(monkeypatch):
+    """torch_geometric replaces ``torch.select`` and ``torch.index_select`` with Python wrappers on import;
+    Dynamo then records those wrappers, and ``select`` is still a view."""
+    original_select, original_index_select = torch.select, torch.index_select
+
+    def wrapped_select(input, dim, index):
+        return original_select(input, dim, index)
+
+    def wrapped_index_select(input, dim, index):
+        return original_index_select(input, dim, index)
+
+    monkeypatch.setattr(torch, "select", wrapped_select)
+    monkeypatch.setattr(torch, "index_select", wrapped_index_select)
+    assert facts.may_alias(_call(wrapped_select, "x", 0, 1)) and facts.is_view(_call(wrapped_select, "x", 0, 1))
+    assert facts.aten_name("call_function", wrapped_index_select) == "index_select"
+    assert not facts.may_alias(_call(wrapped_index_select, "x", 0, "x"))
+
+    def a_users_function(input):
+        return input
+    assert facts.aten_name("call_function", a_users_function) is None
+
+
 def test_factories_are_the_calls_that_take_no_tensor_but_for_a_shape():
     made = [_call(torch.zeros, 3), _call(torch.arange, 5), _call(torch.tensor, [1.0, 2.0]), _call(torch.eye, 2),
             _call(torch.zeros_like, "x"), _call("new_full", "x", (2,), 1.0, op="call_method"),

@@ -13,7 +13,8 @@ come from what PyTorch records about its ops, read once per target:
   constant arguments.
 
 A call is matched to ATen by its name (``torch.reshape``, ``x.reshape``, and
-``F.dropout`` all reach ``aten::reshape`` / ``aten::dropout``). What the
+``F.dropout`` all reach ``aten::reshape`` / ``aten::dropout``), also where
+another library replaced torch's function with a wrapper of its own. What the
 schemas do not say is listed here, each with its reason: Python-level tensor
 methods (``x.float()``), Python's operator module, and the ``*_like`` /
 ``new_*`` factories, whose tensor argument gives only a shape and dtype.
@@ -66,9 +67,24 @@ def aten_name(op: str, target: Any) -> str | None:
     if op != "call_function":
         return None
     if getattr(target, "__module__", None) not in _TORCH_MODULES:
-        return None
+        try:
+            return _name_in_torch(target)
+        except TypeError:   # unhashable target
+            return None
     name = getattr(target, "__name__", None)
     return name if isinstance(name, str) else None
+
+
+@lru_cache(maxsize=4096)
+def _name_in_torch(target: Any) -> str | None:
+    """The name under which ``torch`` or ``torch.nn.functional`` holds ``target``, a function defined elsewhere:
+    a wrapper another library put in place of torch's binding (torch_geometric replaces ``torch.select`` and
+    ``torch.index_select`` on import). A call of it is a call of that op, a view where ``select`` is one."""
+    for namespace in (torch, torch.nn.functional):
+        for name, value in vars(namespace).items():
+            if value is target and not name.startswith("_"):
+                return name
+    return None
 
 
 def _is_tensors(t: torch._C.JitType) -> bool:
