@@ -67,6 +67,9 @@ __all__ = ["batch", "BatchedModule", "BatchReport", "fingerprint"]
 #: fraction of those in it (so that regrouping costs O(structures) in all); else the samples outside the
 #: union run with the model itself
 REGROUP_SHARE = 0.125
+#: graphs kept per union, each for the batches that leave one set of its values empty (the batches of one
+#: depth, for trees); batches beyond run the whole graph, on empty tensors where they have no rows
+MAX_PRUNED_GRAPHS = 64
 
 
 def batch(model: nn.Module, *, key: Callable[..., Hashable] | None = None, **options: Any) -> "BatchedModule":
@@ -180,7 +183,20 @@ class _Union:
     position: dict[Hashable, int]
     layout: Layout
     plan: RowPlan
-    run: Callable
+    #: the plan's code per set of values a batch leaves empty (:meth:`RowPlan.empty_values`)
+    runs: dict[bytes, Callable] = field(default_factory=dict)
+
+    def run_for(self, batch: Batch) -> Callable:
+        empty = self.plan.empty_values(batch)
+        run = self.runs.get(empty)
+        if run is None:
+            if len(self.runs) >= MAX_PRUNED_GRAPHS:   # (keep one for every batch: the graph with none empty)
+                empty = bytes(len(empty))
+                run = self.runs.get(empty)
+            if run is None:
+                # new indices every batch: no sparse matrices
+                run = self.runs[empty] = aten_executor(self.plan.without(empty), INDEXED_FORMS).forward
+        return run
 
 
 class BatchedModule(nn.Module):
@@ -311,8 +327,7 @@ class BatchedModule(nn.Module):
         self.report.groupings += 1
         self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
         self.report.union_groups = (stats["groups"], stats["lower_bound"])
-        run = aten_executor(plan.graph, INDEXED_FORMS).forward   # (new indices every batch: no sparse matrices)
-        return _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, run)
+        return _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan)
 
     def _graph(self, key: Hashable) -> SampleGraph:
         graph = self._cache.structures[key].graph
@@ -333,7 +348,7 @@ class BatchedModule(nn.Module):
             inputs.append(torch.cat(parts) if layout == "cat" else torch.stack(parts))
         arguments = union.plan.arguments(batch)
         self.report.assembly_seconds.append(time.perf_counter() - start)
-        outputs = union.run(*inputs, *arguments)
+        outputs = union.run_for(batch)(*inputs, *arguments)
         per_output = [union.plan.split(batch, j, value, layout == "stack")
                       for j, (value, layout) in enumerate(zip(outputs, union.layout.outputs))]
         results = []

@@ -28,7 +28,8 @@ tensors at once).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, cast
 
 import numpy
@@ -197,9 +198,48 @@ class RowPlan:
     sizes: list[Rows]
     #: the Rows of each output
     outputs: list[Rows]
+    #: the Rows of each value with rows, by its node's position in the graph
+    values: dict[int, Rows] = field(default_factory=dict)
 
     def __post_init__(self):
         self.assembly = Assembly(self.indices, self.sizes, self.samples)
+        distinct = list({id(rows): rows for rows in self.values.values()}.values())
+        slot = {id(rows): k for k, rows in enumerate(distinct)}
+        self._slot_of = {position: slot[id(rows)] for position, rows in self.values.items()}
+        # a value with rows of a shared part (CatRows) keeps them in every batch: never empty
+        self._counts = numpy.array([numpy.ones(self.samples, dtype=numpy.int64)
+                                    if any(part is None for part, _ in rows.parts()) else rows.counts
+                                    for rows in distinct], dtype=numpy.int64).reshape(len(distinct), self.samples)
+
+    def empty_values(self, batch: Batch) -> bytes:
+        """Which values have no rows in ``batch`` (the levels deeper than its trees'), as a key for
+        :meth:`without`."""
+        return numpy.packbits(~self._counts[:, batch.samples].any(1)).tobytes()
+
+    def without(self, empty: bytes) -> fx.GraphModule:
+        """The graph for batches whose :meth:`empty_values` are ``empty``: those values are empty tensors made
+        once, not computed, and what only they read is dropped (every op of them, forward and backward)."""
+        is_empty = numpy.unpackbits(numpy.frombuffer(empty, dtype=numpy.uint8), count=self._counts.shape[0])
+        gm = fx.GraphModule(self.graph, copy.deepcopy(self.graph.graph), class_name=self.graph.__class__.__name__)
+        made: dict[tuple, fx.Node] = {}
+        graph = gm.graph
+        first_op = next(n for n in graph.nodes if n.op != "placeholder")
+        for position, node in enumerate(list(graph.nodes)):
+            slot = self._slot_of.get(position)
+            value = node.meta.get("val")
+            if slot is None or not is_empty[slot] or not isinstance(value, torch.Tensor) or value.dim() == 0:
+                continue
+            like = (tuple(value.shape[1:]), value.dtype, value.device)
+            if like not in made:
+                name = f"_relational_empty_{len(made)}"
+                gm.register_buffer(name, torch.empty((0, *like[0]), dtype=like[1], device=like[2]),
+                                   persistent=False)
+                with graph.inserting_before(first_op):
+                    made[like] = graph.get_attr(name)
+            node.replace_all_uses_with(made[like])
+        graph.eliminate_dead_code()
+        gm.recompile()
+        return gm
 
     def arguments(self, batch: Batch) -> list[Any]:
         """The index tensors and sizes of ``batch``, in the order of the graph's inputs after the data."""
@@ -422,7 +462,10 @@ class _Analysis:
             node.args = _replaced(node.args, path, new)
         graph.eliminate_dead_code()
         self.gm.recompile()
-        return RowPlan(self.gm, self.samples, [i for _, _, i in self.indices], [r for _, _, r in self.sizes], outputs)
+        values = {position: self.rows[node] for position, node in enumerate(graph.nodes)
+                  if node in self.rows and node.op in ("call_function", "call_method")}
+        return RowPlan(self.gm, self.samples, [i for _, _, i in self.indices], [r for _, _, r in self.sizes], outputs,
+                       values)
 
 
 def _tagged_reader(node: fx.Node) -> fx.Node:

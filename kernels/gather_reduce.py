@@ -475,10 +475,17 @@ def gather_reduce_indexed(source: Tensor, csr: Tensor, rows: int, reduce: str, t
     if odd or nnz < 0:
         raise ValueError(f"indexed CSR of length {csr.shape[0]} does not fit {rows} rows")
     index, row_of = csr[rows + 1:rows + 1 + nnz], csr[rows + 1 + nnz:]
-    out = source.new_zeros((rows, *source.shape[1:])).index_add_(0, row_of, source.index_select(0, index))
+    gathered = source if _reads_in_order(index, source.shape[0]) else source.index_select(0, index)
+    out = source.new_zeros((rows, *source.shape[1:])).index_add_(0, row_of, gathered)
     if reduce == "mean":
         out = out / _counts(csr[:rows + 1], source.dtype).view(-1, *[1] * (source.dim() - 1))
     return out
+
+
+def _reads_in_order(index: Tensor, source_rows: int) -> bool:
+    """Whether ``index`` reads every source row once, in order (a pooling of each sample's own rows): then the
+    gather, and the scatter of its backward, are skipped."""
+    return index.shape[0] == source_rows and torch.equal(index, torch.arange(source_rows, device=index.device))
 
 
 def gather_rows_indexed(source: Tensor, csr: Tensor) -> Tensor:

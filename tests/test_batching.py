@@ -78,6 +78,25 @@ def test_a_structure_repeated_in_a_batch_and_batches_of_other_sizes():
     assert batched.report.groupings == 1 and batched.report.structures == 8
 
 
+def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
+    """The union computes every level of its deepest tree; a batch of shallow trees runs a graph without the
+    values it leaves empty (one graph per such set), and still equals eager."""
+    data = dataset("treelstm", 16, features=4, dtype=torch.float64)
+    model = MODELS["treelstm"][0](4).double()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    depth = [len(children) for children, _ in data]   # (few nodes: shallow)
+    shallow = sorted(range(len(data)), key=depth.__getitem__)[:3]
+    assert_batches_match_eager(batched, model, [data[i] for i in shallow])
+    assert_batches_match_eager(batched, model, data[::-1])
+    union = batched._cache.union
+
+    def ops(run) -> int:
+        return sum(1 for n in run.__self__.graph.nodes if n.op in ("call_function", "call_method"))
+    assert len(union.runs) == 2
+    assert min(map(ops, union.runs.values())) < max(map(ops, union.runs.values()))
+
+
 def test_a_changed_structure_is_traced_again_never_run_stale():
     model = TreeRNN(3, hidden=4).double()
     batched = dynamo_relational.batch(model)

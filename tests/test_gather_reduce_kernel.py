@@ -148,15 +148,17 @@ def test_bad_arguments_are_named():
 
 @pytest.mark.parametrize("reduce", ["sum", "mean"])
 @pytest.mark.parametrize("shape", [(3, 2), (4,), (0,)])
-def test_indexed_forms_equal_the_ops_values_and_gradients(reduce, shape):
+@pytest.mark.parametrize("in_order", [False, True], ids=["gathered", "every_row_in_order"])
+def test_indexed_forms_equal_the_ops_values_and_gradients(reduce, shape, in_order):
     """``index_select`` + ``index_add`` of the indexed layout (the forms for indices new on every call): the
-    op's numbers, empty segments and rows of no width included."""
+    op's numbers, empty segments and rows of no width included; also where the index reads every source row
+    in order (a pooling of each sample's rows), which skips the gather."""
     from dynamo_relational.kernels.gather_reduce import gather_reduce_indexed, gather_rows_indexed, pack_indexed
 
     generator = torch.Generator().manual_seed(0)
-    rows, columns = 6, 5
+    rows, columns = 6, 9 if in_order else 5
     offsets = torch.tensor([0, 2, 2, 5, 6, 6, 9])
-    index = torch.randint(0, columns, (9,), generator=generator)
+    index = torch.arange(9) if in_order else torch.randint(0, columns, (9,), generator=generator)
     csr = pack_csr(offsets, index, columns)
     source = torch.randn((columns, *shape), dtype=torch.float64, generator=generator, requires_grad=True)
     want, got = gather_reduce(source, csr, rows, reduce), gather_reduce_indexed(source, pack_indexed(offsets, index),
