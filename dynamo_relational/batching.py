@@ -46,7 +46,6 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from .backend import aten_executor
 from .kernels.gather_reduce import INDEXED_FORMS
 from .errors import FrontendError
 from .options import Options
@@ -67,9 +66,9 @@ __all__ = ["batch", "BatchedModule", "BatchReport", "fingerprint"]
 #: fraction of those in it (so that regrouping costs O(structures) in all); else the samples outside the
 #: union run with the model itself
 REGROUP_SHARE = 0.125
-#: graphs kept per union, each for the batches that leave one set of its values empty (the batches of one
-#: depth, for trees); batches beyond run the whole graph, on empty tensors where they have no rows
-MAX_PRUNED_GRAPHS = 64
+#: code made per union (when it is grouped), each for the batches that leave a set of its values empty (the
+#: batches of a depth, for trees: they skip the deeper levels); a batch runs the one that skips the most
+MAX_PRUNED_GRAPHS = 12
 
 
 def batch(model: nn.Module, *, key: Callable[..., Hashable] | None = None, **options: Any) -> "BatchedModule":
@@ -183,20 +182,43 @@ class _Union:
     position: dict[Hashable, int]
     layout: Layout
     plan: RowPlan
-    #: the plan's code per set of values a batch leaves empty (:meth:`RowPlan.empty_values`)
-    runs: dict[bytes, Callable] = field(default_factory=dict)
+    #: the plan's code for batches that leave some of its values empty (:meth:`RowPlan.without`): the sets of
+    #: empty values, one row each (the first none), and the code for each
+    pruned: numpy.ndarray = field(init=False)
+    runs: list[Callable] = field(init=False)
+
+    #: samples per batch when it was grouped: what the pruned code is made for
+    batch_size: int = 1
+
+    def __post_init__(self):
+        self.ops = self.plan.ops_per_slot
+        self.pruned = _prunable_sets(self.plan.empty_in_samples(), self.ops, self.batch_size)
+        # (indices new every batch: the forms without sparse matrices)
+        self.runs = [self.plan.without(empty, INDEXED_FORMS).forward for empty in self.pruned]
 
     def run_for(self, batch: Batch) -> Callable:
+        """The code that skips the most ops of what ``batch`` leaves empty."""
         empty = self.plan.empty_values(batch)
-        run = self.runs.get(empty)
-        if run is None:
-            if len(self.runs) >= MAX_PRUNED_GRAPHS:   # (keep one for every batch: the graph with none empty)
-                empty = bytes(len(empty))
-                run = self.runs.get(empty)
-            if run is None:
-                # new indices every batch: no sparse matrices
-                run = self.runs[empty] = aten_executor(self.plan.without(empty), INDEXED_FORMS).forward
-        return run
+        skipped = numpy.where(~(self.pruned & ~empty).any(1), self.pruned @ self.ops, -1)
+        return self.runs[int(skipped.argmax())]
+
+
+def _prunable_sets(empty_in_samples: numpy.ndarray, ops: numpy.ndarray, batch_size: int) -> numpy.ndarray:
+    """[sets, slots]: the sets of empty values the union's code is made for, the first none. With the samples
+    ordered by how much they leave empty (for trees: by depth, shallow first), the values the first ``k`` all
+    leave empty are left empty by every batch of those samples. The ``k`` are chosen so that each set serves
+    as many random batches of ``batch_size`` samples (up to :data:`MAX_PRUNED_GRAPHS` sets): a batch's last
+    sample in that order is among the first ``k`` with probability ``(k / samples) ** batch_size``."""
+    samples = empty_in_samples.shape[1]
+    order = numpy.argsort(-(ops @ empty_in_samples), kind="stable")
+    nested = numpy.logical_and.accumulate(empty_in_samples[:, order], axis=1).T
+    shares = numpy.arange(1, MAX_PRUNED_GRAPHS) / MAX_PRUNED_GRAPHS
+    firsts = numpy.unique(numpy.maximum(1, (samples * shares ** (1 / max(batch_size, 1))).astype(int)))
+    chosen = [numpy.zeros(ops.shape[0], dtype=bool)]
+    for k in firsts[::-1]:
+        if (nested[k - 1] & ~chosen[-1]).any():
+            chosen.append(nested[k - 1])
+    return numpy.array(chosen)
 
 
 class BatchedModule(nn.Module):
@@ -303,14 +325,14 @@ class BatchedModule(nn.Module):
             return self._cache.refused[1]
         back = sum(1 for k in keys if k not in held and k not in new)
         if 2 * back >= len(keys) and len(structures) - len(held) >= REGROUP_SHARE * len(held):
-            regrouped = self._group(list(structures))
+            regrouped = self._group(list(structures), len(keys))
             if isinstance(regrouped, str):
                 self._cache.refused = (len(structures), regrouped)
                 return regrouped
             self._cache.union = union = regrouped
         return union
 
-    def _group(self, keys: list[Hashable]) -> _Union | str:
+    def _group(self, keys: list[Hashable], batch_size: int) -> _Union | str:
         start = time.perf_counter()
         graphs = [self._graph(k) for k in keys]
         try:
@@ -320,6 +342,7 @@ class BatchedModule(nn.Module):
                 union, stats = _grouped(union, self.options)
                 owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
                 plan = analyse(union, owners, len(keys))
+                grouped = _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, batch_size)
         except (NotBatchable, Refused) as e:
             return str(e)
         finally:
@@ -327,7 +350,7 @@ class BatchedModule(nn.Module):
         self.report.groupings += 1
         self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
         self.report.union_groups = (stats["groups"], stats["lower_bound"])
-        return _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan)
+        return grouped
 
     def _graph(self, key: Hashable) -> SampleGraph:
         graph = self._cache.structures[key].graph

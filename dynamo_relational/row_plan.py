@@ -28,7 +28,6 @@ tensors at once).
 from __future__ import annotations
 
 import operator
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, cast
 
@@ -211,35 +210,48 @@ class RowPlan:
                                     if any(part is None for part, _ in rows.parts()) else rows.counts
                                     for rows in distinct], dtype=numpy.int64).reshape(len(distinct), self.samples)
 
-    def empty_values(self, batch: Batch) -> bytes:
-        """Which values have no rows in ``batch`` (the levels deeper than its trees'), as a key for
-        :meth:`without`."""
-        return numpy.packbits(~self._counts[:, batch.samples].any(1)).tobytes()
+    @property
+    def ops_per_slot(self) -> numpy.ndarray:
+        """How many of the graph's ops compute values of each row set (the slots of :meth:`empty_values`)."""
+        return numpy.bincount(list(self._slot_of.values()), minlength=self._counts.shape[0])
 
-    def without(self, empty: bytes) -> fx.GraphModule:
-        """The graph for batches whose :meth:`empty_values` are ``empty``: those values are empty tensors made
-        once, not computed, and what only they read is dropped (every op of them, forward and backward)."""
-        is_empty = numpy.unpackbits(numpy.frombuffer(empty, dtype=numpy.uint8), count=self._counts.shape[0])
-        gm = fx.GraphModule(self.graph, copy.deepcopy(self.graph.graph), class_name=self.graph.__class__.__name__)
+    def empty_values(self, batch: Batch) -> numpy.ndarray:
+        """Which values (:meth:`without`'s slots) have no rows in ``batch``: the levels deeper than its trees'."""
+        return ~self._counts[:, batch.samples].any(1)
+
+    def empty_in_samples(self) -> numpy.ndarray:
+        """[slots, samples]: which values have no rows in a batch of that sample alone (a batch leaves empty
+        what it leaves empty in each of its samples)."""
+        return self._counts == 0
+
+    def without(self, empty: numpy.ndarray, forms: dict) -> fx.GraphModule:
+        """The graph, its custom ops called as ``forms`` (:func:`~dynamo_relational.backend.aten_executor`), for
+        the batches that leave the values ``empty`` (of :meth:`empty_values`) empty: those are empty tensors made
+        once, not computed, and what only they read is dropped (each of its ops, forward and backward)."""
+        graph = fx.Graph()
+        copies: dict[fx.Node, fx.Node] = {}
+        graph.output(graph.graph_copy(self.graph.graph, copies))   # (node meta shared, not copied)
         made: dict[tuple, fx.Node] = {}
-        graph = gm.graph
         first_op = next(n for n in graph.nodes if n.op != "placeholder")
-        for position, node in enumerate(list(graph.nodes)):
+        for position, node in enumerate(list(copies.values())):
             slot = self._slot_of.get(position)
             value = node.meta.get("val")
-            if slot is None or not is_empty[slot] or not isinstance(value, torch.Tensor) or value.dim() == 0:
+            if slot is None or not empty[slot] or not isinstance(value, torch.Tensor) or value.dim() == 0:
                 continue
             like = (tuple(value.shape[1:]), value.dtype, value.device)
             if like not in made:
-                name = f"_relational_empty_{len(made)}"
-                gm.register_buffer(name, torch.empty((0, *like[0]), dtype=like[1], device=like[2]),
-                                   persistent=False)
+                name = f"_relational_empty_{'_'.join(map(str, like[0]))}_{str(like[1])[6:]}_{like[2].type}"
+                if not hasattr(self.graph, name):
+                    self.graph.register_buffer(name, torch.empty((0, *like[0]), dtype=like[1], device=like[2]),
+                                               persistent=False)
                 with graph.inserting_before(first_op):
                     made[like] = graph.get_attr(name)
             node.replace_all_uses_with(made[like])
         graph.eliminate_dead_code()
-        gm.recompile()
-        return gm
+        for node in graph.nodes:
+            if node.op == "call_function" and node.target in forms:
+                node.target = forms[node.target]
+        return fx.GraphModule(self.graph, graph, class_name=self.graph.__class__.__name__)
 
     def arguments(self, batch: Batch) -> list[Any]:
         """The index tensors and sizes of ``batch``, in the order of the graph's inputs after the data."""

@@ -79,22 +79,29 @@ def test_a_structure_repeated_in_a_batch_and_batches_of_other_sizes():
 
 
 def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
-    """The union computes every level of its deepest tree; a batch of shallow trees runs a graph without the
-    values it leaves empty (one graph per such set), and still equals eager."""
+    """The union computes every level of its deepest tree; a batch of smaller trees runs code, made when the
+    union was grouped, without values that batch leaves empty, and still equals eager."""
+    from dynamo_relational.row_plan import Batch
+
     data = dataset("treelstm", 16, features=4, dtype=torch.float64)
     model = MODELS["treelstm"][0](4).double()
     batched = dynamo_relational.batch(model)
     batched(data)
-    depth = [len(children) for children, _ in data]   # (few nodes: shallow)
-    shallow = sorted(range(len(data)), key=depth.__getitem__)[:3]
-    assert_batches_match_eager(batched, model, [data[i] for i in shallow])
-    assert_batches_match_eager(batched, model, data[::-1])
+    batched(data[:4])   # the union is grouped for batches of 4
     union = batched._cache.union
+    assert len(union.runs) > 2
 
     def ops(run) -> int:
         return sum(1 for n in run.__self__.graph.nodes if n.op in ("call_function", "call_method"))
-    assert len(union.runs) == 2
-    assert min(map(ops, union.runs.values())) < max(map(ops, union.runs.values()))
+    by_size = sorted(data, key=lambda sample: len(sample[0]))
+    for batch in (by_size[:3], by_size[:12], by_size[-4:], data[::3]):
+        samples = Batch([union.position[batched._key(s, 0)[0]] for s in batch])
+        run = union.run_for(samples)
+        assert ops(run) <= ops(union.runs[0]) - union.ops @ union.pruned[union.runs.index(run)]
+        assert not (union.pruned[union.runs.index(run)] & ~union.plan.empty_values(samples)).any()
+        assert_batches_match_eager(batched, model, batch)
+    assert ops(union.run_for(Batch([union.position[batched._key(s, 0)[0]] for s in by_size[:3]]))) \
+        < ops(union.runs[0])
 
 
 def test_a_changed_structure_is_traced_again_never_run_stale():
