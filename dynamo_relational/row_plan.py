@@ -56,6 +56,8 @@ _SEGMENT_REDUCE = torch.ops.dynamo_relational.segment_reduce.default
 #: calls that work along the dims their ``dim`` argument names (read from the op's schema)
 _ALONG = {"sum", "mean", "amax", "amin", "prod", "softmax", "log_softmax", "logsumexp", "cumsum", "cumprod",
           "norm", "std", "var", "max", "min", "argmax", "argmin", "all", "any", "normalize", "glu"}
+#: what an empty tensor's buffer name replaces in its shape, dtype and device (``torch.float32``, ``cuda:0``)
+_NAME = str.maketrans(".:", "__")
 #: methods and functions that keep every row as it is (no dims, or dtype only)
 _KEEP = {"clone", "contiguous", "detach", "to", "float", "double", "half", "bfloat16", "type_as"}
 
@@ -235,12 +237,12 @@ class RowPlan:
         first_op = next(n for n in graph.nodes if n.op != "placeholder")
         for position, node in enumerate(list(copies.values())):
             slot = self._slot_of.get(position)
-            value = node.meta.get("val")
-            if slot is None or not empty[slot] or not isinstance(value, torch.Tensor) or value.dim() == 0:
+            info = tensor_info(node)
+            if slot is None or not empty[slot] or info is None or not info.shape:
                 continue
-            like = (tuple(value.shape[1:]), value.dtype, value.device)
-            if like not in made:
-                name = f"_relational_empty_{'_'.join(map(str, like[0]))}_{str(like[1])[6:]}_{like[2].type}"
+            like = (info.shape[1:], info.dtype, info.device)
+            if like not in made:   # (a buffer of the plan's module, which every graph made of it copies)
+                name = "_relational_empty_" + "_".join(map(str, (*like[0], like[1], like[2]))).translate(_NAME)
                 if not hasattr(self.graph, name):
                     self.graph.register_buffer(name, torch.empty((0, *like[0]), dtype=like[1], device=like[2]),
                                                persistent=False)

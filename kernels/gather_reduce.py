@@ -465,7 +465,7 @@ def gather_reduce_indexed(source: Tensor, csr: Tensor, rows: int, reduce: str, t
     :func:`gather_reduce_eager` costs more than multiplying by them. On the CPU ``csr`` is in the indexed
     layout (:func:`pack_indexed`), which the batch assembly writes; a sum or mean, not transposed. On CUDA,
     whose ``index_add`` adds in no fixed order, it is :func:`gather_reduce_eager` of the packed layout."""
-    if source.device.type != "cpu":
+    if not source.is_cpu:   # (the property: no device object made on every call)
         return gather_reduce_eager(source, csr, rows, reduce, transpose)
     _check(source, csr, reduce)
     if transpose or reduce not in GATHER_REDUCTIONS:
@@ -490,7 +490,7 @@ def _reads_in_order(index: Tensor, source_rows: int) -> bool:
 
 def gather_rows_indexed(source: Tensor, csr: Tensor) -> Tensor:
     """:data:`gather_rows` as ``index_select`` with ATen's autograd (see :func:`gather_reduce_indexed`)."""
-    if source.device.type != "cpu":
+    if not source.is_cpu:
         return gather_rows_eager(source, csr)
     return _gather_rows(source, csr)
 
