@@ -104,6 +104,9 @@ class BatchReport:
     union_nodes: tuple[int, int] = (0, 0)
     #: groups of the current union's schedule, and ED-Batch's lower bound on them (``explain()``'s quality)
     union_groups: tuple[int, int] = (0, 0)
+    #: the current union's code: how many variants (for batches that leave values empty), and the fewest and
+    #: most ops one runs
+    union_code: tuple[int, int, int] = (0, 0, 0)
 
     def __str__(self) -> str:
         assembly = sorted(self.assembly_seconds)
@@ -112,6 +115,7 @@ class BatchReport:
             ("samples", self.samples), ("batches", self.batches), ("structures traced", self.structures),
             ("unions grouped", self.groupings), ("union FX nodes before/after", "%d / %d" % self.union_nodes),
             ("union groups / lower bound", "%d / %d" % self.union_groups),
+            ("union code variants (ops, fewest-most)", "%d (%d-%d)" % self.union_code),
             ("samples run eagerly (structure new to the union)", self.eager_samples),
             ("batches run one sample at a time", self.unbatched), ("tracing [s]", f"{self.trace_seconds:.2f}"),
             ("grouping [s]", f"{self.grouping_seconds:.2f}"), ("assembly per batch, median [ms]", f"{median:.2f}"),
@@ -350,6 +354,9 @@ class BatchedModule(nn.Module):
         self.report.groupings += 1
         self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
         self.report.union_groups = (stats["groups"], stats["lower_bound"])
+        ops = [sum(1 for n in run.__self__.graph.nodes if n.op in ("call_function", "call_method"))
+               for run in grouped.runs]
+        self.report.union_code = (len(ops), min(ops), max(ops))
         return grouped
 
     def _graph(self, key: Hashable) -> SampleGraph:
