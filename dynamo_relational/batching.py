@@ -189,7 +189,7 @@ class _Union:
     #: the plan's code for batches that leave some of its values empty (:meth:`RowPlan.without`): the sets of
     #: empty values, one row each (the first none), and the code for each
     pruned: numpy.ndarray = field(init=False)
-    runs: list[Callable] = field(init=False)
+    graphs: list[fx.GraphModule] = field(init=False)
 
     #: samples per batch when it was grouped: what the pruned code is made for
     batch_size: int = 1
@@ -198,7 +198,8 @@ class _Union:
         self.ops = self.plan.ops_per_slot
         self.pruned = _prunable_sets(self.plan.empty_in_samples(), self.ops, self.batch_size)
         # (indices new every batch: the forms without sparse matrices)
-        self.runs = [self.plan.without(empty, INDEXED_FORMS).forward for empty in self.pruned]
+        self.graphs = [self.plan.without(empty, INDEXED_FORMS) for empty in self.pruned]
+        self.runs = [graph.forward for graph in self.graphs]   # (bound once: skips nn.Module.__call__)
 
     def run_for(self, batch: Batch) -> Callable:
         """The code that skips the most ops of what ``batch`` leaves empty."""
@@ -354,8 +355,8 @@ class BatchedModule(nn.Module):
         self.report.groupings += 1
         self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
         self.report.union_groups = (stats["groups"], stats["lower_bound"])
-        ops = [sum(1 for n in run.__self__.graph.nodes if n.op in ("call_function", "call_method"))
-               for run in grouped.runs]
+        ops = [len([n for n in graph.graph.nodes if n.op in ("call_function", "call_method")])
+               for graph in grouped.graphs]
         self.report.union_code = (len(ops), min(ops), max(ops))
         return grouped
 

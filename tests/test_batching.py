@@ -92,7 +92,8 @@ def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
     assert len(union.runs) > 2
 
     def ops(run) -> int:
-        return sum(1 for n in run.__self__.graph.nodes if n.op in ("call_function", "call_method"))
+        graph = union.graphs[union.runs.index(run)].graph
+        return sum(1 for n in graph.nodes if n.op in ("call_function", "call_method"))
     assert batched.report.union_code == (len(union.runs), min(map(ops, union.runs)), max(map(ops, union.runs)))
     by_size = sorted(data, key=lambda sample: len(sample[0]))
     for batch in (by_size[:3], by_size[:12], by_size[-4:], data[::3]):
