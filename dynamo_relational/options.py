@@ -85,6 +85,7 @@ class Options:
     #: gathers become slices), ``"absorb_gathers"`` (a gather after a reduction
     #: becomes its segments), ``"fuse_linear"`` (consecutive linear maps become one),
     #: ``"rewrite_search"`` (sequences of these rewrites, searched under the cost model),
+    #: ``"pair_sums"`` (a sum of one row of each of two values becomes a gather and an add),
     #: ``"linear_layout"`` (tall, narrow ``linear`` run as
     #: the transposed product where timing shows it faster; only with ``autotune``),
     #: ``"recompute_gathers"`` (edge-sized gathers recomputed in the backward, not saved),

@@ -17,7 +17,7 @@ import torch.fx as fx
 
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, distinct_outputs,
                fold_bias, fuse_linear, grouping, inplace, linear_layout, lstm_cells, mode_regions, padded_gathers,
-               plain_factories, postpone_gathers, ragged_rows, recompute_gathers, rewrite_search, row_writes,
+               pair_sums, plain_factories, postpone_gathers, ragged_rows, recompute_gathers, rewrite_search, row_writes,
                segment_provider, simplify_gathers, split_views, values_indices, vectorize)
 from .context import PassContext
 
@@ -73,6 +73,8 @@ PIPELINE: tuple[Pass, ...] = (
          _VECTORIZED, optional=True),
     Pass("fold_bias", fold_bias.run, "add(linear(x, W), b) -> linear(x, W, b)", _VECTORIZED, optional=True,
          on_unions=True),
+    Pass("pair_sums", pair_sums.run, "gather_reduce(cat([a, b])) of a row of each -> a[I] + b", _VECTORIZED,
+         optional=True, on_unions=True),
     Pass("linear_layout", linear_layout.run, "tall, narrow linear -> (W x^T)^T where measured faster",
          ("fold_bias",), optional=True),
     Pass("padded_gathers", padded_gathers.run, "gather_reduce -> padded ATen form (option gather_reduce_form)",
