@@ -270,6 +270,18 @@ def compressed_rows(compiled) -> list[str]:
 BATCH_TOLERANCE = dict(rtol=1e-8, atol=1e-10)
 
 
+def traced_per_sample(kind: str, samples: int) -> tuple[list[tuple], nn.Module, nn.Module]:
+    """``(data, model, batched)``: float64 samples of ``examples.per_sample``'s ``kind``, its model, and the model
+    batched, every sample's structure traced by a first call (the next batch of known structures groups them)."""
+    from examples.per_sample import MODELS, dataset
+
+    data = dataset(kind, samples, features=4, dtype=torch.float64)
+    model = MODELS[kind][0](4).double()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    return data, model, batched
+
+
 def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], through_union: bool = True) -> None:
     """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's;
     with ``through_union``, every sample ran from the grouped union."""

@@ -12,7 +12,7 @@ from torch import nn
 import dynamo_relational
 from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MODELS, TreeLSTM, TreeRNN, dataset
-from tests.helpers import BATCH_TOLERANCE, assert_batches_match_eager, warnings_logged
+from tests.helpers import BATCH_TOLERANCE, assert_batches_match_eager, traced_per_sample, warnings_logged
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind):
@@ -36,10 +36,7 @@ def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind):
 def test_values_every_sample_computes_alike_are_computed_once_in_the_union():
     """The child-sum leaves' ``x.new_zeros(1, hidden)`` and what they compute from it with parameters alone
     (``fh(zeros)``): one node for all samples, not one per sample."""
-    data = dataset("childsum", 12, features=4, dtype=torch.float64)
-    model = MODELS["childsum"][0](4).double()
-    batched = dynamo_relational.batch(model)
-    batched(data)
+    data, model, batched = traced_per_sample("childsum", 12)
     assert_batches_match_eager(batched, model, data[::-1])
     nodes = batched._cache.union.plan.graph.graph.nodes
     assert sum(1 for n in nodes if n.target is torch.zeros) <= 1
@@ -83,10 +80,7 @@ def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
     union was grouped, without values that batch leaves empty, and still equals eager."""
     from dynamo_relational.row_plan import Batch
 
-    data = dataset("treelstm", 16, features=4, dtype=torch.float64)
-    model = MODELS["treelstm"][0](4).double()
-    batched = dynamo_relational.batch(model)
-    batched(data)
+    data, model, batched = traced_per_sample("treelstm", 16)
     batched(data[:4])   # the union is grouped for batches of 4
     union = batched._cache.union
     assert len(union.runs) > 2

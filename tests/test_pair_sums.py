@@ -6,8 +6,7 @@ import torch
 from torch import nn
 
 import dynamo_relational
-from examples.per_sample import MODELS, dataset
-from tests.helpers import assert_batches_match_eager, assert_compiled_matches_eager
+from tests.helpers import assert_batches_match_eager, assert_compiled_matches_eager, traced_per_sample
 
 
 class TwoTerms(nn.Module):
@@ -63,10 +62,7 @@ def test_sums_of_more_terms_and_the_disabled_pass_keep_the_gather_reduce():
 
 def test_a_tree_lstm_union_adds_each_levels_two_terms_for_every_batch():
     """``W x + U h`` of every level of the union; batches of other samples equal eager."""
-    data = dataset("treelstm", 12, features=4, dtype=torch.float64)
-    model = MODELS["treelstm"][0](4).double()
-    batched = dynamo_relational.batch(model)
-    batched(data)
+    data, model, batched = traced_per_sample("treelstm", 12)
     assert_batches_match_eager(batched, model, data[::-1])
     nodes = batched._cache.union.plan.graph.graph.nodes
     assert any(n.target is torch.add and n.args[0].target is torch.index_select for n in nodes)
