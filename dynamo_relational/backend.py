@@ -328,11 +328,16 @@ def aten_executor(gm: fx.GraphModule, forms: dict = EAGER_FORMS) -> fx.GraphModu
     (:data:`dynamo_relational.kernels.gather_reduce.EAGER_FORMS`: the same computation with less
     per-call overhead than the ``torch.library`` dispatch that Inductor and Dynamo need)."""
     executor = _copy(gm)
-    for node in executor.graph.nodes:
-        if node.op == "call_function" and node.target in forms:
-            node.target = forms[node.target]
+    use_forms(executor.graph, forms)
     executor.recompile()
     return executor
+
+
+def use_forms(graph: fx.Graph, forms: dict) -> None:
+    """Make ``graph``'s custom kernel calls call their ``forms`` instead (see :func:`aten_executor`)."""
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target in forms:
+            node.target = forms[node.target]
 
 
 def relational(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict | None = None,

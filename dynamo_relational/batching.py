@@ -190,6 +190,10 @@ class _Union:
     #: empty values, one row each (the first none), and the code for each
     pruned: numpy.ndarray = field(init=False)
     graphs: list[fx.GraphModule] = field(init=False)
+    #: each graph's ``forward``, bound once (skips ``nn.Module.__call__`` on every batch)
+    runs: list[Callable] = field(init=False)
+    #: the graph's ops per slot of :meth:`RowPlan.empty_values`
+    ops: numpy.ndarray = field(init=False)
 
     #: samples per batch when it was grouped: what the pruned code is made for
     batch_size: int = 1
@@ -199,7 +203,7 @@ class _Union:
         self.pruned = _prunable_sets(self.plan.empty_in_samples(), self.ops, self.batch_size)
         # (indices new every batch: the forms without sparse matrices)
         self.graphs = [self.plan.without(empty, INDEXED_FORMS) for empty in self.pruned]
-        self.runs = [graph.forward for graph in self.graphs]   # (bound once: skips nn.Module.__call__)
+        self.runs = [graph.forward for graph in self.graphs]
 
     def run_for(self, batch: Batch) -> Callable:
         """The code that skips the most ops of what ``batch`` leaves empty."""

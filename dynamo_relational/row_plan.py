@@ -43,6 +43,7 @@ from dynamo_relational.kernels.gather_reduce import unpack_csr
 from dynamo_relational.passes.vectorize import ROW_SAMPLES
 
 from .assembly import Assembly
+from .backend import use_forms
 from .ops import REGISTRY, tensor_info
 from .ops.along import values_or_indices
 from .ops.base import TensorInfo, value_info
@@ -227,7 +228,7 @@ class RowPlan:
         return self._counts == 0
 
     def without(self, empty: numpy.ndarray, forms: dict) -> fx.GraphModule:
-        """The graph, its custom ops called as ``forms`` (:func:`~dynamo_relational.backend.aten_executor`), for
+        """The graph, its custom ops called as ``forms`` (:func:`~dynamo_relational.backend.use_forms`), for
         the batches that leave the values ``empty`` (of :meth:`empty_values`) empty: those are empty tensors made
         once, not computed, and what only they read is dropped (each of its ops, forward and backward)."""
         graph = fx.Graph()
@@ -250,9 +251,7 @@ class RowPlan:
                     made[like] = graph.get_attr(name)
             node.replace_all_uses_with(made[like])
         graph.eliminate_dead_code()
-        for node in graph.nodes:
-            if node.op == "call_function" and node.target in forms:
-                node.target = forms[node.target]
+        use_forms(graph, forms)
         return fx.GraphModule(self.graph, graph, class_name=self.graph.__class__.__name__)
 
     def arguments(self, batch: Batch) -> list[Any]:
