@@ -65,14 +65,14 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
     if not options.grouping:
         return gm, GraphReport.from_context(ctx, nodes_before, nodes_before, before_code, before_code)
     # a small graph is kept as traced if grouping does not make it smaller (see _smaller_or_as_traced)
-    as_traced = _copy(gm) if nodes_before <= KEEP_AS_TRACED_UP_TO else None
+    as_traced = copy_graph(gm) if nodes_before <= KEEP_AS_TRACED_UP_TO else None
     expose_bases(gm, ctx.output_aliases)   # values that returned views share: kept by every pass
     for step in passes.PIPELINE:   # (read per compile: a test may replace a pass)
         name, run_pass = step.name, step.run
         if name in options.disable:
             continue
         # Optimizer passes rewrite in place: keep the graph they start from, to fall back to.
-        backup = _copy(gm) if step.optional else None
+        backup = copy_graph(gm) if step.optional else None
         progress.start(name)
         try:
             with ctx.timed(name):
@@ -143,7 +143,7 @@ def _smaller_or_as_traced(grouped: fx.GraphModule, as_traced: fx.GraphModule | N
     return as_traced
 
 
-def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm``'s graph over the same parameters and buffers (they are shared, not cloned)."""
     return fx.GraphModule(gm, copy.deepcopy(gm.graph), class_name=gm.__class__.__name__)  # nodes, not tensors
 
@@ -232,7 +232,7 @@ def compile_static(gm: fx.GraphModule, inputs: Sequence[Any], options: Options, 
     products = _products_for_cuda_graphs(gm) if cuda_graphs else []
     compile_fn = _with_static_inputs_known(compile_fx) if cuda_graphs else compile_fx
     with without_autograd_cache_if_tagged(gm), inductor_mode(options.mode):
-        fn = compile_with_views_outside(compile_fn, _copy(gm), list(inputs))
+        fn = compile_with_views_outside(compile_fn, copy_graph(gm), list(inputs))
     if cuda_graphs:
         fn = _replaying(fn, products, under_dynamo=torch._guards.CompileContext.current_compile_id() is not None)
     report.add_time("inductor", start)
@@ -327,7 +327,7 @@ def aten_executor(gm: fx.GraphModule, forms: dict = EAGER_FORMS) -> fx.GraphModu
     """``gm`` run as plain ATen calls: a copy whose custom kernel calls use their ``forms``
     (:data:`dynamo_relational.kernels.gather_reduce.EAGER_FORMS`: the same computation with less
     per-call overhead than the ``torch.library`` dispatch that Inductor and Dynamo need)."""
-    executor = _copy(gm)
+    executor = copy_graph(gm)
     use_forms(executor.graph, forms)
     executor.recompile()
     return executor

@@ -54,7 +54,7 @@ from .progress import CompileProgress
 from .row_plan import Batch, Refused, RowPlan, analyse
 from .tracer import gc_paused
 from .tracing import trace
-from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare
+from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare, run_passes
 
 log = logging.getLogger("dynamo_relational")
 
@@ -407,8 +407,7 @@ def _grouped(union, options: Options) -> tuple[fx.GraphModule, dict]:
     """The union grouped by :data:`UNION_PASSES`, and the passes' stats (with the schedule's lower bound)."""
     # every group is vectorized, however small: a per-sample node left as it is could not be restricted
     ctx = PassContext(dataclasses.replace(options, min_group_size=1), detailed=True)
-    for step in UNION_PASSES:
-        union = step.run(union, ctx)
+    union = run_passes(UNION_PASSES, union, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the union keeps its order: {ctx.keep_order[0]}")
     return union, ctx.stats

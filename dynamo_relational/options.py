@@ -80,7 +80,8 @@ class Options:
     #: graph after every pass, naming the pass that left it malformed.
     strict: bool = False
     #: Optimizer passes to skip, by name (see ``dynamo_relational.passes.OPTIONAL_PASSES``):
-    #: ``"postpone_gathers"`` (row-wise ops before gathers), ``"compose_gathers"``
+    #: ``"postpone_gathers"`` (row-wise ops before gathers), ``"hoist_gathers"`` (a row-wise op of
+    #: gathered rows that only gathers read, run per reader on its rows), ``"compose_gathers"``
     #: (gathers of gathers read the original rows), ``"simplify_gathers"`` (range
     #: gathers become slices), ``"absorb_gathers"`` (a gather after a reduction
     #: becomes its segments), ``"fuse_linear"`` (consecutive linear maps become one),

@@ -23,6 +23,7 @@ another, so grouping the union computes each sample as its own graph would.
 """
 from __future__ import annotations
 
+import logging
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence, cast
@@ -32,11 +33,12 @@ import torch.fx as fx
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
-from dynamo_relational.passes import PIPELINE, PassContext
+from dynamo_relational.passes import PIPELINE, Pass, PassContext
 from dynamo_relational.passes.cse import value_key
 from dynamo_relational.passes.postpone_gathers import row_wise_in
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 
+from .backend import copy_graph
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.facts import is_factory
 from .options import Options
@@ -46,6 +48,27 @@ SAMPLE_PASSES = tuple(PIPELINE[:[p.name for p in PIPELINE].index("grouping")])
 #: the passes run on the union: grouping, and the rewrites legal for every batch of its samples
 #: (``Pass.on_unions``)
 UNION_PASSES = tuple(p for p in PIPELINE if p.on_unions)
+
+
+log = logging.getLogger("dynamo_relational")
+
+
+def run_passes(steps: Sequence[Pass], gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    """``gm`` rewritten by ``steps`` but those ``options.disable`` names; an optional pass that fails is skipped
+    (the graph it started from is kept) with a warning, unless ``options.strict``."""
+    for step in steps:
+        if step.name in ctx.options.disable:
+            continue
+        backup = copy_graph(gm) if step.optional and not ctx.options.strict else None
+        try:
+            gm = step.run(gm, ctx)
+        except Exception:
+            if backup is None:
+                raise
+            log.warning("relational: optimizer pass %s failed on a union and was skipped (the result is "
+                        "unchanged); set strict=True to raise instead.", step.name, exc_info=True)
+            gm = backup
+    return gm
 
 
 class NotBatchable(Exception):
@@ -69,8 +92,7 @@ def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[in
             input_shapes: Sequence[tuple[int, ...]], options: Options) -> SampleGraph:
     """A sample's trace after :data:`SAMPLE_PASSES`; :class:`NotBatchable` if they must keep its order."""
     ctx = PassContext(options)
-    for step in SAMPLE_PASSES:
-        graph = step.run(graph, ctx)
+    graph = run_passes(SAMPLE_PASSES, graph, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the sample's graph keeps its order: {ctx.keep_order[0]}")
     output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")

@@ -16,9 +16,9 @@ from typing import Callable
 import torch.fx as fx
 
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, distinct_outputs,
-               fold_bias, fuse_linear, grouping, inplace, linear_layout, lstm_cells, mode_regions, padded_gathers,
-               pair_sums, plain_factories, postpone_gathers, ragged_rows, recompute_gathers, rewrite_search, row_writes,
-               segment_provider, simplify_gathers, split_views, values_indices, vectorize)
+               fold_bias, fuse_linear, grouping, hoist_gathers, inplace, linear_layout, lstm_cells, mode_regions,
+               padded_gathers, pair_sums, plain_factories, postpone_gathers, ragged_rows, recompute_gathers,
+               rewrite_search, row_writes, segment_provider, simplify_gathers, split_views, values_indices, vectorize)
 from .context import PassContext
 
 
@@ -33,9 +33,10 @@ class Pass:
     needs: tuple[str, ...] = ()
     #: an optimizer pass: ``options["disable"]`` may name it, and where it fails the graph it started from is kept
     optional: bool = False
-    #: legal on a union of samples for every batch of them (``dynamo_relational.batch``): it reads no index
-    #: values (rows contiguous in one union, or merged by value, are not so in another batch) and keeps the
-    #: samples' rows in dim 0
+    #: legal on a union of samples for every batch of them (``dynamo_relational.batch``): what it reads of the
+    #: index values holds for every batch's restriction of them (a row read at most once, a part read whole
+    #: in order; not rows contiguous in the union, or merged by value, which are not so in another batch) and
+    #: it keeps the samples' rows in dim 0
     on_unions: bool = False
 
 
@@ -62,6 +63,8 @@ PIPELINE: tuple[Pass, ...] = (
          _VECTORIZED, optional=True),
     Pass("postpone_gathers", postpone_gathers.run, "f(x[I]) -> f(x)[I] for row-wise f", _VECTORIZED, optional=True,
          on_unions=True),
+    Pass("hoist_gathers", hoist_gathers.run, "f(X[P])[I_k] -> f(X[P[I_k]]) per reader, a whole part read as it is",
+         _VECTORIZED, optional=True, on_unions=True),
     Pass("compose_gathers", compose_gathers.run, "gathers of gathers read the original rows", _VECTORIZED,
          optional=True, on_unions=True),
     Pass("simplify_gathers", simplify_gathers.run, "identity / range gathers -> views", _VECTORIZED, optional=True),

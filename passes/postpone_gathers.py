@@ -73,7 +73,7 @@ def apply(gm: fx.GraphModule, gather_node: fx.Node, user: fx.Node) -> bool:
     return True
 
 
-def _result_row(user: fx.Node, operand: fx.Node) -> TensorInfo:
+def result_row(user: fx.Node, operand: fx.Node) -> TensorInfo:
     """Shape of one row of ``user``'s result (dtype and device follow the operand)."""
     x = tensor_info(operand)
     linear = linear_args(user)
@@ -101,7 +101,7 @@ def row_wise_in(user: fx.Node, operand: fx.Node) -> bool:
     if product_operands(user) is not None:
         weight, x = tensor_info(user.args[1]), tensor_info(operand)
         return info is not None and weight is not None and weight.rank == 2 and x is not None and x.rank == 2
-    # an elementwise op of this operand and constants; its result's rows are like the operand's (_result_row)
+    # an elementwise op of this operand and constants; its result's rows are like the operand's (result_row)
     return row_wise(user) and not takes_three_tensors(user.op, user.target) \
         and not any(isinstance(a, fx.Node) for a in rest) \
         and tensor_info(user) is not None and tensor_info(operand) is not None \
@@ -122,7 +122,7 @@ def _move_below(gm: fx.GraphModule, gather, user: fx.Node) -> None:
     with graph.inserting_before(user):
         early = graph.create_node("call_function", user.target, (gather.base, *user.args[1:]), dict(user.kwargs))
         late = graph.node_copy(gather.node, lambda n: n)
-    row = _result_row(user, gather.base)
+    row = result_row(user, gather.base)
     early.meta["rel_info"] = TensorInfo((rows(gather.base), *row.shape), row.dtype, row.device)
     late.meta = dict(user.meta)
     late.meta["rel_info"] = TensorInfo((gather.index.shape[0], *row.shape), row.dtype, row.device)

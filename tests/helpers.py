@@ -270,14 +270,15 @@ def compressed_rows(compiled) -> list[str]:
 BATCH_TOLERANCE = dict(rtol=1e-8, atol=1e-10)
 
 
-def traced_per_sample(kind: str, samples: int) -> tuple[list[tuple], nn.Module, nn.Module]:
+def traced_per_sample(kind: str, samples: int, **options) -> tuple[list[tuple], nn.Module, nn.Module]:
     """``(data, model, batched)``: float64 samples of ``examples.per_sample``'s ``kind``, its model, and the model
-    batched, every sample's structure traced by a first call (the next batch of known structures groups them)."""
+    batched with ``options``, every sample's structure traced by a first call (the next batch of known
+    structures groups them)."""
     from examples.per_sample import MODELS, dataset
 
     data = dataset(kind, samples, features=4, dtype=torch.float64)
     model = MODELS[kind][0](4).double()
-    batched = dynamo_relational.batch(model)
+    batched = dynamo_relational.batch(model, **options)
     batched(data)
     return data, model, batched
 

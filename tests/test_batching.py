@@ -403,3 +403,30 @@ def test_fingerprints_are_equal_exactly_for_equal_structures():
             same = type(a) is type(b) and repr(a) == repr(b)
             assert (keys[i] == keys[j]) == same, (a, b)
     assert fingerprint(([[1]], torch.zeros(2, 3)))[0] != fingerprint(([[1]], torch.zeros(3, 3)))[0]
+
+
+def test_options_disable_passes_and_a_failing_optimizer_pass_leaves_the_union_as_it_was(monkeypatch):
+    """``disable`` reaches the union's passes; an optimizer pass that fails on the union is skipped with a
+    warning, and the batches still equal eager."""
+    import dataclasses
+
+    import dynamo_relational.batching as batching
+
+    adds_of_gathers = {}
+    for disable in ((), ("pair_sums",)):
+        data, model, batched = traced_per_sample("treelstm", 6, disable=disable)
+        assert_batches_match_eager(batched, model, data)
+        adds_of_gathers[disable] = any(n.target is torch.add and n.args[0].target is torch.index_select
+                                       for n in batched._cache.union.plan.graph.graph.nodes)
+    assert adds_of_gathers == {(): True, ("pair_sums",): False}
+
+    def broken(gm, ctx):
+        next(n for n in gm.graph.nodes if n.op == "call_function").args = ()   # damaged, then failed
+        raise RuntimeError("broken pass")
+
+    steps = tuple(dataclasses.replace(p, run=broken) if p.name == "pair_sums" else p for p in batching.UNION_PASSES)
+    monkeypatch.setattr(batching, "UNION_PASSES", steps)
+    data, model, batched = traced_per_sample("treelstm", 6)
+    with warnings_logged() as logged:
+        assert_batches_match_eager(batched, model, data[::-1])
+    assert any("pair_sums failed" in message for message in logged)
