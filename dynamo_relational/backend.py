@@ -69,7 +69,7 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
     expose_bases(gm, ctx.output_aliases)   # values that returned views share: kept by every pass
     for step in passes.PIPELINE:   # (read per compile: a test may replace a pass)
         name, run_pass = step.name, step.run
-        if name in options.disable:
+        if name in options.disable or step.unions_only:
             continue
         # Optimizer passes rewrite in place: keep the graph they start from, to fall back to.
         backup = copy_graph(gm) if step.optional else None

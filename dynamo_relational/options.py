@@ -87,6 +87,7 @@ class Options:
     #: becomes its segments), ``"fuse_linear"`` (consecutive linear maps become one),
     #: ``"rewrite_search"`` (sequences of these rewrites, searched under the cost model),
     #: ``"pair_sums"`` (a sum of one row of each of two values becomes a gather and an add),
+    #: ``"merge_gathers"`` (``batch``'s unions: the gathers of one value become one, split),
     #: ``"linear_layout"`` (tall, narrow ``linear`` run as
     #: the transposed product where timing shows it faster; only with ``autotune``),
     #: ``"recompute_gathers"`` (edge-sized gathers recomputed in the backward, not saved),

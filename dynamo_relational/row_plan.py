@@ -291,6 +291,10 @@ class _Analysis:
         self._shared_rows: dict[fx.Node, SharedRows] = {}
         #: joined rows -> their gather in plain order (:meth:`_relayout`)
         self._relayouts: dict[fx.Node, fx.Node] = {}
+        #: ``torch.cat`` of index tensors (a merged gather's: ``passes/merge_gathers.py``) -> those tensors
+        self._joined_indices: dict[fx.Node, list[fx.Node]] = {}
+        #: ``torch.split`` of a merged gather's rows -> the rows of each part
+        self._split_parts: dict[fx.Node, list[Rows]] = {}
 
     def shared_rows(self, part: fx.Node, cat: fx.Node) -> SharedRows:
         """The rows of shared ``part`` of ``cat`` (one :class:`SharedRows` per part: its identity is its rows')."""
@@ -332,9 +336,12 @@ class _Analysis:
     # -- what each node is -------------------------------------------------
     def _visit(self, node: fx.Node) -> None:
         operands = [a for a in _flat_nodes((node.args, node.kwargs))]
-        if any(a in self.index_nodes for a in operands) and not self._gather(node):
+        if any(a in self.index_nodes for a in operands) and not self._joined_index(node) and not self._gather(node):
             raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
-        if node in self.rows:
+        if node in self.rows or node in self._joined_indices or self._split(node):
+            return
+        if node.target is torch.index_select and len(node.args) == 3 and node.args[2] in self._joined_indices:
+            self._merged_gather(node)
             return
         with_rows = [a for a in operands if a in self.rows]
         if not with_rows:
@@ -433,6 +440,50 @@ class _Analysis:
             self.sizes.append((node, (2,), out))
         self._tag(node, out)
         return True
+
+    def _joined_index(self, node: fx.Node) -> bool:
+        """Record ``node`` if it joins index tensors of the grouping (``torch.cat`` of them, which a merged gather
+        reads): a batch restricts each of them as the index of its own gather."""
+        joined = node.args[0] if node.target is torch.cat and len(node.args) == 1 and not node.kwargs else None
+        if not isinstance(joined, (list, tuple)) or not all(a in self.index_nodes for a in joined):
+            return False
+        self._joined_indices[node] = [cast(fx.Node, a) for a in joined]
+        return True
+
+    def _merged_gather(self, node: fx.Node) -> None:
+        """Record ``index_select(source, 0, cat(indices))`` (``passes/merge_gathers.py``): the rows of each index's
+        part after the other, each index restricted as its own gather's, whose rows the split's part has."""
+        source, index_node = cast(fx.Node, node.args[0]), cast(fx.Node, node.args[2])
+        if source not in self.rows:
+            raise Refused(f"{_describe(node)}: a merged gather of a value without rows of samples")
+        source_rows = _static_info(source).shape[0]
+        source_owner = self.rows[source]
+        readers = {user.args[1]: user for split in node.users for user in split.users}
+        parts = []
+        for k, csr in enumerate(self._joined_indices[index_node]):
+            constant = _attribute(self.gm, cast(str, csr.target))
+            index = constant.long().cpu().numpy()
+            out = self._gathered_rows(readers.get(k, node), "select", source_owner, None, index)
+            parts.append(out)
+            self.indices.append((index_node, csr, GatherIndex("select", out, source_owner, source_rows, None, index,
+                                                              constant.device)))
+        self._tag(node, CatRows(parts))
+
+    def _split(self, node: fx.Node) -> bool:
+        """Record ``torch.split`` of a merged gather's rows into its parts, and the parts; False for other
+        nodes. The split's sizes are each part's rows in a batch."""
+        operand = node.args[0] if node.args else None
+        if node.target is torch.split and operand in self.rows and isinstance(node.args[1], (list, tuple)):
+            rows = self.rows[cast(fx.Node, operand)]
+            if type(rows) is not CatRows or [r.rows for r in rows.leaves] != list(node.args[1]):
+                raise Refused(f"{_describe(node)} splits rows other than a merged gather's parts")
+            self._split_parts[node] = rows.leaves
+            self.sizes += [(node, (1, k), part) for k, part in enumerate(rows.leaves)]
+            return True
+        if node.target is operator.getitem and operand in self._split_parts:
+            self._tag(node, self._split_parts[cast(fx.Node, operand)][cast(int, node.args[1])])
+            return True
+        return False
 
     def _gathered_rows(self, node, kind, source: Rows | None, offsets, index) -> Rows:
         """The rows of a gather: the grouping's tags, else the samples of the rows it reads."""

@@ -16,9 +16,10 @@ from typing import Callable
 import torch.fx as fx
 
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, distinct_outputs,
-               fold_bias, fuse_linear, grouping, hoist_gathers, inplace, linear_layout, lstm_cells, mode_regions,
-               padded_gathers, pair_sums, plain_factories, postpone_gathers, ragged_rows, recompute_gathers,
-               rewrite_search, row_writes, segment_provider, simplify_gathers, split_views, values_indices, vectorize)
+               fold_bias, fuse_linear, grouping, hoist_gathers, inplace, linear_layout, lstm_cells, merge_gathers,
+               mode_regions, padded_gathers, pair_sums, plain_factories, postpone_gathers, ragged_rows,
+               recompute_gathers, rewrite_search, row_writes, segment_provider, simplify_gathers, split_views,
+               values_indices, vectorize)
 from .context import PassContext
 
 
@@ -38,6 +39,9 @@ class Pass:
     #: in order; not rows contiguous in the union, or merged by value, which are not so in another batch) and
     #: it keeps the samples' rows in dim 0
     on_unions: bool = False
+    #: runs on unions only: a rewrite for the ATen calls a union's code is, which Inductor's code (fusing a
+    #: gather into its reader) does not gain from
+    unions_only: bool = False
 
 
 _VECTORIZED = ("vectorize",)
@@ -78,6 +82,8 @@ PIPELINE: tuple[Pass, ...] = (
          on_unions=True),
     Pass("pair_sums", pair_sums.run, "gather_reduce(cat([a, b])) of a row of each -> a[I] + b", _VECTORIZED,
          optional=True, on_unions=True),
+    Pass("merge_gathers", merge_gathers.run, "X[I_1], ..., X[I_k] -> split(X[cat(I_1, ..., I_k)])", _VECTORIZED,
+         optional=True, on_unions=True, unions_only=True),
     Pass("linear_layout", linear_layout.run, "tall, narrow linear -> (W x^T)^T where measured faster",
          ("fold_bias",), optional=True),
     Pass("padded_gathers", padded_gathers.run, "gather_reduce -> padded ATen form (option gather_reduce_form)",

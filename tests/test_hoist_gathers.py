@@ -27,12 +27,24 @@ class GatedReads(nn.Module):
         return tuple(torch.index_select(s, 0, getattr(self, f"I{k}")) for k in range(self.readers))
 
 
+def _graph(model: GatedReads, a: torch.Tensor, b: torch.Tensor) -> fx.GraphModule:
+    """``model``'s graph, written node by node (a library may have wrapped ``torch.index_select``, which
+    symbolic tracing then cannot trace)."""
+    graph = fx.Graph()
+    inputs = [graph.placeholder(name) for name in "ab"]
+    for node, value in zip(inputs, (a, b)):
+        node.meta["val"] = value
+    joined = graph.call_function(torch.cat, (inputs,))
+    s = graph.call_function(torch.sigmoid, (graph.call_function(torch.index_select, (joined, 0, graph.get_attr("P"))),))
+    graph.output(tuple(graph.call_function(torch.index_select, (s, 0, graph.get_attr(f"I{k}")))
+                       for k in range(model.readers)))
+    return fx.GraphModule(model, graph)
+
+
 def _hoisted(model: GatedReads, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
     """(rewrites, gathers left) of the pass on ``model``'s graph, checked against ``model`` on ``a``, ``b``
     (values and gradients)."""
-    gm = fx.symbolic_trace(model)
-    gm.graph.find_nodes(op="placeholder")[0].meta["val"] = a
-    gm.graph.find_nodes(op="placeholder")[1].meta["val"] = b
+    gm = _graph(model, a, b)
     _propagate_shapes(gm)
     ctx = PassContext(Options())
     gm = hoist_gathers.run(gm, ctx)

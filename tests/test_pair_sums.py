@@ -1,6 +1,8 @@
 """The pair_sums pass: a sum of one row of each of two joined values, ``gather_reduce(cat([a, b]))`` where
 ``b`` has a row per segment in order, becomes ``a[I] + b``; sums of more terms stay. Compiled and batched
 models equal eager, outputs and gradients, either way."""
+from operator import getitem
+
 import pytest
 import torch
 from torch import nn
@@ -65,6 +67,7 @@ def test_a_tree_lstm_union_adds_each_levels_two_terms_for_every_batch():
     data, model, batched = traced_per_sample("treelstm", 12)
     assert_batches_match_eager(batched, model, data[::-1])
     nodes = batched._cache.union.plan.graph.graph.nodes
-    assert any(n.target is torch.add and n.args[0].target is torch.index_select for n in nodes)
+    # (the gather, or its part of the gathers merged for the union)
+    assert any(n.target is torch.add and n.args[0].target in (torch.index_select, getitem) for n in nodes)
     for batch in (data[:3], data[5:], [data[4]] * 2):
         assert_batches_match_eager(batched, model, batch)
