@@ -65,7 +65,7 @@ def run_passes(steps: Sequence[Pass], gm: fx.GraphModule, ctx: PassContext) -> f
         except Exception:
             if backup is None:
                 raise
-            log.warning("relational: optimizer pass %s failed on a union and was skipped (the result is "
+            log.warning("relational: optimizer pass %s failed and was skipped (the result is "
                         "unchanged); set strict=True to raise instead.", step.name, exc_info=True)
             gm = backup
     return gm
