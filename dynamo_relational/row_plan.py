@@ -473,7 +473,8 @@ class _Analysis:
         """Record ``torch.split`` of a merged gather's rows into its parts, and the parts; False for other
         nodes. The split's sizes are each part's rows in a batch."""
         operand = node.args[0] if node.args else None
-        if node.target is torch.split and operand in self.rows and isinstance(node.args[1], (list, tuple)):
+        if node.target is torch.split and operand in self.rows and len(node.args) == 2 and not node.kwargs \
+                and isinstance(node.args[1], (list, tuple)):   # (along dim 0)
             rows = self.rows[cast(fx.Node, operand)]
             if type(rows) is not CatRows or [r.rows for r in rows.leaves] != list(node.args[1]):
                 raise Refused(f"{_describe(node)} splits rows other than a merged gather's parts")

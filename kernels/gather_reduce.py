@@ -451,7 +451,7 @@ EAGER_FORMS = {gather_reduce: gather_reduce_eager, gather_rows: gather_rows_eage
 
 def pack_indexed(offsets: Tensor, index: Tensor) -> Tensor:
     """The indexed layout ``[offsets, index, row_of]`` of ``A`` that :func:`gather_reduce_indexed` reads on the
-    CPU: the CSR and each entry's row, where ``index_put_`` adds it (``row_of`` ascends)."""
+    CPU: the CSR and each entry's row, which ``index_add`` takes (``row_of`` ascends)."""
     offsets, index = offsets.long(), index.long()
     row_of = torch.repeat_interleave(torch.arange(offsets.shape[0] - 1, device=offsets.device),
                                      offsets[1:] - offsets[:-1], output_size=index.shape[0])
@@ -459,8 +459,8 @@ def pack_indexed(offsets: Tensor, index: Tensor) -> Tensor:
 
 
 def gather_reduce_indexed(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
-    """:data:`gather_reduce` as ATen's ``index_select`` and an accumulating ``index_put_`` (a mean then scales each
-    row by 1/its segment's size), with ATen's own autograd: for graphs whose index tensors are new on every call (the
+    """:data:`gather_reduce` as ATen's ``index_select`` and ``index_add`` (a mean then scales each row by 1/its
+    segment's size), with ATen's own autograd: for graphs whose index tensors are new on every call (the
     batches of a union, :mod:`dynamo_relational.batching`), where building the sparse matrices of
     :func:`gather_reduce_eager` costs more than multiplying by them. On the CPU ``csr`` is in the indexed
     layout (:func:`pack_indexed`), which the batch assembly writes; a sum or mean, not transposed. On CUDA,
@@ -476,9 +476,7 @@ def gather_reduce_indexed(source: Tensor, csr: Tensor, rows: int, reduce: str, t
         raise ValueError(f"indexed CSR of length {csr.shape[0]} does not fit {rows} rows")
     index, row_of = csr[rows + 1:rows + 1 + nnz], csr[rows + 1 + nnz:]
     gathered = source if _reads_in_order(index, source.shape[0]) else source.index_select(0, index)
-    # (on the CPU an accumulating index_put_ adds the rows in order, as index_add_ does, in less time with its
-    # backward: index_add_ scatters through an index broadcast to every element)
-    out = source.new_zeros((rows, *source.shape[1:])).index_put_((row_of,), gathered, accumulate=True)
+    out = source.new_zeros((rows, *source.shape[1:])).index_add_(0, row_of, gathered)
     if reduce == "mean":
         out = out / _counts(csr[:rows + 1], source.dtype).view(-1, *[1] * (source.dim() - 1))
     return out
