@@ -45,8 +45,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 
 
 def _plan(gm: fx.GraphModule, node: fx.Node):
-    """``(gather, readers, reads)`` when ``node`` is a row-wise ``f(X[P])`` that the docstring's rule rewrites:
-    ``reads[k]`` is the part of ``X`` that reader ``k`` reads whole (None: it gathers ``P[I_k]``)."""
+    """``(gather, readers, reads, composed)`` when ``node`` is a row-wise ``f(X[P])`` that the docstring's rule
+    rewrites: reader ``k`` reads rows ``composed[k]`` (``P[I_k]``) of ``X``, and ``reads[k]`` is the part of
+    ``X`` that they are, whole and in order (None: it gathers them)."""
     if node.op != "call_function" or not node.args or not node.users:
         return None
     gather = as_gather(gm, node.args[0])

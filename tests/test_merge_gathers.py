@@ -14,8 +14,8 @@ def _splits(batched) -> int:
 
 @pytest.mark.parametrize("kind", ["treelstm", "childsum", "treernn"])
 def test_a_unions_gathers_of_one_value_are_one_gather_split_for_every_batch(kind):
-    """Every level gathers its rows of ``W x``: one gather, split;
-    batches of other samples, subsets, a repeated sample and one shallow tree equal eager."""
+    """Every level gathers its rows of ``W x``: one gather, split. Batches of other samples, subsets, a repeated
+    sample and one shallow tree equal eager."""
     data, model, batched = traced_per_sample(kind, 12)
     assert_batches_match_eager(batched, model, data[::-1])
     assert _splits(batched) >= 1
