@@ -68,29 +68,22 @@ def group_graph(gm: fx.GraphModule, options: Options, detailed: bool = False,
     as_traced = copy_graph(gm) if nodes_before <= KEEP_AS_TRACED_UP_TO else None
     expose_bases(gm, ctx.output_aliases)   # values that returned views share: kept by every pass
     for step in passes.PIPELINE:   # (read per compile: a test may replace a pass)
-        name, run_pass = step.name, step.run
+        name = step.name
         if name in options.disable or step.unions_only:
             continue
-        # Optimizer passes rewrite in place: keep the graph they start from, to fall back to.
-        backup = copy_graph(gm) if step.optional else None
         progress.start(name)
         try:
             with ctx.timed(name):
-                gm = run_pass(gm, ctx)
+                gm = run_pass(step, gm, ctx)
             if options.strict:
                 _lint(gm, name)
         except Exception:
             if options.strict:
                 raise
-            if backup is None:
-                log.warning("relational: pass %s failed; compiling the graph ungrouped (correct, but slower). "
-                            "Set options={'strict': True} to raise instead.", name, exc_info=True)
-                ctx.stats["error"] = f"pass {name} failed; graph compiled ungrouped"
-                break
-            log.warning("relational: optimizer pass %s failed and was skipped (the result is unchanged); "
-                        "set options={'strict': True} to raise instead.", name, exc_info=True)
-            ctx.stats.setdefault("skipped_passes", []).append(name)
-            gm = backup
+            log.warning("relational: pass %s failed; compiling the graph ungrouped (correct, but slower). "
+                        "Set options={'strict': True} to raise instead.", name, exc_info=True)
+            ctx.stats["error"] = f"pass {name} failed; graph compiled ungrouped"
+            break
         ctx.node_counts[name] = len(gm.graph.nodes)
         progress.step()
         if dump:
@@ -141,6 +134,22 @@ def _smaller_or_as_traced(grouped: fx.GraphModule, as_traced: fx.GraphModule | N
                      groups=nodes_before, vectorized_groups=0, schedule="as traced")
     ctx.groups = []
     return as_traced
+
+
+def run_pass(step: passes.Pass, gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    """``gm`` rewritten by ``step``. Optimizer passes rewrite in place: where one fails, the graph it started
+    from (a copy kept for that) is the result, with a warning and ``stats["skipped_passes"]``, unless
+    ``options.strict``; a failure of any other pass raises."""
+    backup = copy_graph(gm) if step.optional and not ctx.options.strict else None
+    try:
+        return step.run(gm, ctx)
+    except Exception:
+        if backup is None:
+            raise
+        log.warning("relational: optimizer pass %s failed and was skipped (the result is unchanged); "
+                    "set the option strict=True to raise instead.", step.name, exc_info=True)
+        ctx.stats.setdefault("skipped_passes", []).append(step.name)
+        return backup
 
 
 def copy_graph(gm: fx.GraphModule) -> fx.GraphModule:

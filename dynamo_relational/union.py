@@ -23,7 +23,6 @@ another, so grouping the union computes each sample as its own graph would.
 """
 from __future__ import annotations
 
-import logging
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Sequence, cast
@@ -38,7 +37,7 @@ from dynamo_relational.passes.cse import value_key
 from dynamo_relational.passes.postpone_gathers import row_wise_in
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 
-from .backend import copy_graph
+from .backend import run_pass
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.facts import is_factory
 from .options import Options
@@ -50,24 +49,12 @@ SAMPLE_PASSES = tuple(PIPELINE[:[p.name for p in PIPELINE].index("grouping")])
 UNION_PASSES = tuple(p for p in PIPELINE if p.on_unions)
 
 
-log = logging.getLogger("dynamo_relational")
-
-
 def run_passes(steps: Sequence[Pass], gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    """``gm`` rewritten by ``steps`` but those ``options.disable`` names; an optional pass that fails is skipped
-    (the graph it started from is kept) with a warning, unless ``options.strict``."""
+    """``gm`` rewritten by ``steps``, but those ``options.disable`` names (a failing optimizer pass is skipped,
+    as in compiled graphs: :func:`~dynamo_relational.backend.run_pass`)."""
     for step in steps:
-        if step.name in ctx.options.disable:
-            continue
-        backup = copy_graph(gm) if step.optional and not ctx.options.strict else None
-        try:
-            gm = step.run(gm, ctx)
-        except Exception:
-            if backup is None:
-                raise
-            log.warning("relational: optimizer pass %s failed and was skipped (the result is "
-                        "unchanged); set strict=True to raise instead.", step.name, exc_info=True)
-            gm = backup
+        if step.name not in ctx.options.disable:
+            gm = run_pass(step, gm, ctx)
     return gm
 
 
