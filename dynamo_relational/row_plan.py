@@ -688,13 +688,25 @@ def _dims_by_schema(node: fx.Node, name: str, rank: int):
     function = node.target if node.op == "call_function" else getattr(torch, name, None)
     if not callable(function):   # (None: torch has no such function)
         return None
-    try:
-        bound = normalize_function(function, tuple(node.args), dict(node.kwargs), normalize_to_only_use_kwargs=True)
+    try:   # the types pick one overload where the arguments alone match several (sum's dim: ints or names)
+        bound = normalize_function(function, tuple(node.args), dict(node.kwargs),
+                                   tuple(map(_argument_type, node.args)),
+                                   {k: _argument_type(v) for k, v in node.kwargs.items()},
+                                   normalize_to_only_use_kwargs=True)
     except Exception:
         return None
     if bound is None or "dim" not in bound.kwargs:
         return None
     return _dim((), bound.kwargs, 0, None, rank)
+
+
+def _argument_type(value: Any) -> Any:
+    """The type of an argument as operator schemas name it: a node is a tensor, ``(1, 2)`` a ``tuple[int, ...]``."""
+    if isinstance(value, fx.Node):
+        return torch.Tensor
+    if isinstance(value, (tuple, list)) and value and all(type(v) is int for v in value):
+        return tuple[int, ...] if isinstance(value, tuple) else list[int]
+    return type(value)
 
 
 def _keeps_dim0(node: fx.Node, rank: int) -> bool:

@@ -277,6 +277,29 @@ class MaxOfChildren(TreeRNN):
         return h[0]
 
 
+def test_child_sums_batch_where_torch_lists_overloads_the_arguments_alone_cannot_tell_apart(monkeypatch):
+    """``sum(h, (1,), True)`` matches both ``sum.dim_IntList`` and ``sum.dim_DimnameList`` by its arguments (as
+    torch 2.11 lists the overloads): the types of the arguments tell which one reduces over dim 1."""
+    import typing
+    from torch.fx import operator_schemas
+
+    listed = operator_schemas.get_signature_for_torch_op
+
+    def with_named_dims(op, return_schemas=False):
+        signatures = listed(op)
+        if op is torch.sum:
+            first = signatures[0]
+            names = typing.Optional[typing.List[str]]
+            params = [p.replace(annotation=names) if p.name == "dim" else p for p in first.parameters.values()]
+            signatures = [*signatures, first.replace(parameters=params)]
+        return signatures
+
+    monkeypatch.setattr(operator_schemas, "get_signature_for_torch_op", with_named_dims)
+    data, model, batched = traced_per_sample("childsum", 8)
+    assert_batches_match_eager(batched, model, data[::-1])
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+
+
 def test_a_max_over_each_nodes_children_batches():
     data = dataset("treernn", 10, features=4, dtype=torch.float64)
     model = MaxOfChildren(4, hidden=5).double()

@@ -271,7 +271,7 @@ def test_value_compression_through_torch_compile_on_cuda():
 
 
 @needs_cuda
-@pytest.mark.parametrize("kind", ["treelstm", "gcn"])
+@pytest.mark.parametrize("kind", ["treelstm", "childsum", "gcn"])
 def test_batches_of_samples_on_cuda_equal_eager(kind):
     """``dynamo_relational.batch`` on the GPU: each batch's index tensors, made in numpy, reach the device."""
     from examples.per_sample import MODELS, dataset

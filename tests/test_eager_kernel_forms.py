@@ -101,3 +101,15 @@ def test_aten_executor_swaps_every_custom_kernel_and_leaves_the_graph_alone():
     assert gather_reduce in {n.target for n in gm.graph.nodes}   # the original keeps its ops
     x = torch.randn(4, 2)
     torch.testing.assert_close(executor(x), gm(x))
+
+
+@pytest.mark.parametrize("rows, columns", [(0, 5), (3, 0)], ids=["no_rows_read", "no_source_rows"])
+def test_gathers_of_matrices_with_no_rows_and_their_gradients(rows, columns):
+    """Rows of ``[1, 4]`` matrices, none written or none to read: the width comes from the shape, not the data."""
+    csr = _csr(rows, columns) if columns else pack_csr(torch.zeros(rows + 1, dtype=torch.long),
+                                                       torch.zeros(0, dtype=torch.long), 0)
+    source = torch.randn(columns, 1, 4, dtype=torch.float64, requires_grad=True)
+    out = gather_reduce_eager(source, csr, rows, "sum")
+    assert out.shape == (rows, 1, 4) and not out.any()
+    (grad,) = torch.autograd.grad(out.sum(), source)
+    assert grad.shape == source.shape and not grad.any()
