@@ -150,7 +150,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for hint in hints:
         sigs = site_keys if hint else keys
         for name in names:
-            groups = algorithms[name](preds, sigs, depth)
+            groups = schedule.merged(algorithms[name](preds, sigs, depth), preds, sigs)
             candidates.append((len(groups), len(candidates), f"{name}{'+site' if hint else ''}", groups))
             if len(groups) <= floor:
                 break

@@ -124,6 +124,57 @@ def _agenda(preds, signatures, depth, by_share: bool) -> list[list[int]]:
     return groups
 
 
+def merged(groups: list[list[int]], preds, signatures, rounds: int = 4) -> list[list[int]]:
+    """``groups`` with whole groups moved into another group of their signature where the dependencies allow.
+
+    Scanning from the last group back, a group joins the next group of its signature when every unit that
+    reads one of its members runs after that group (its readers were moved as late as they can go before it);
+    scanning forward, a group joins the previous group of its signature when every unit its members read runs
+    before that group. A schedule that split one level of a tree between two groups (some of its units were
+    ready later) runs it as one. Moves keep every unit after its inputs, and a group's members stay
+    independent: a reader of a moved member runs after the group it joins. Units that run alone never move.
+    """
+    succs: list[list[int]] = [[] for _ in preds]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(i)
+    members = [list(g) for g in groups]
+    at = [0] * len(preds)   # unit -> index of its group in ``members``
+    for g, units in enumerate(members):
+        for i in units:
+            at[i] = g
+    signature = [signatures[units[0]] for units in members]
+    for _ in range(rounds):
+        moved = _merge_pass(members, at, signature, succs, later=True)
+        moved += _merge_pass(members, at, signature, [list(ps) for ps in preds], later=False)
+        if not moved:
+            break
+    return [sorted(units) for units in members if units]
+
+
+def _merge_pass(members, at, signature, neighbours, later: bool) -> int:
+    """One scan of :func:`merged`: moves groups to the next (``later``) or previous group of their signature
+    when no neighbour (readers when ``later``, inputs otherwise) of their members lies in between."""
+    order = range(len(members) - 1, -1, -1) if later else range(len(members))
+    partner: dict = {}   # signature -> the nearest live group in the direction scanned from
+    moved = 0
+    for g in order:
+        units, sig = members[g], signature[g]
+        if not units or sig is None:
+            continue
+        target = partner.get(sig)
+        if target is not None and all(at[w] > target if later else at[w] < target
+                                      for i in units for w in neighbours[i]):
+            for i in units:
+                at[i] = target
+            members[target].extend(units)
+            members[g] = []
+            moved += 1
+        else:
+            partner[sig] = g
+    return moved
+
+
 def lower_bound(preds, signatures, depth=None) -> int:
     """ED-Batch's lower bound on the number of groups of any legal schedule:
     max(longest path, alone units + sum over signatures of the most units of
