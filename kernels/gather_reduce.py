@@ -101,7 +101,7 @@ def _dims(source: Tensor, rows: int, transpose: bool) -> tuple[int, int]:
     return (source.shape[0], rows) if transpose else (rows, source.shape[0])
 
 
-def _flat_rows(source: Tensor) -> Tensor:
+def flat_rows(source: Tensor) -> Tensor:
     """``source`` as ``[rows, features]``; with no rows too, where ``reshape(0, -1)`` cannot tell the width."""
     return source.reshape(source.shape[0], math.prod(source.shape[1:]))
 
@@ -120,7 +120,7 @@ _lib.define("gather_rows(Tensor source, Tensor csr) -> Tensor")
 def _gather_reduce(source: Tensor, csr: Tensor, rows: int, reduce: str, transpose: bool = False) -> Tensor:
     _check(source, csr, reduce)
     matrix = _matrix(csr, rows, source.shape[0], transpose, reduce, source.dtype, source.device)
-    flat = source if source.dim() == 2 else _flat_rows(source)
+    flat = source if source.dim() == 2 else flat_rows(source)
     out = _product(matrix, flat, rows)
     return out if source.dim() == 2 else out.reshape((rows, *source.shape[1:]))
 
@@ -386,7 +386,7 @@ class _Plan:
     def apply(self, source: Tensor) -> Tensor:
         if self.index is not None:      # one entry per row: a gather
             return source.index_select(0, self.index)
-        flat = source if source.dim() == 2 else _flat_rows(source)
+        flat = source if source.dim() == 2 else flat_rows(source)
         out = _product(self.matrix, flat, self.rows)
         return out if source.dim() == 2 else out.reshape((self.rows, *source.shape[1:]))
 

@@ -47,14 +47,13 @@ by the same provider). On CUDA the argument is ignored: the Triton kernel
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from dynamo_relational.errors import OptionsError
 
 from . import triton_csr
+from .gather_reduce import flat_rows
 
 SEGMENT_REDUCTIONS = ("sum", "mean", "amax", "amin")
 _ATEN_NAME = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "min"}
@@ -133,7 +132,7 @@ def _(data: Tensor, offsets: Tensor, reduce: str, provider: str = "aten") -> Ten
     _check(data, offsets, reduce, provider)
     if not triton_csr.supports(data):
         return torch.segment_reduce(data, _ATEN_NAME[reduce], offsets=offsets, axis=0, unsafe=True)
-    flat = data.reshape(data.shape[0], math.prod(data.shape[1:]))   # (0 rows too)
+    flat = flat_rows(data)
     out = triton_csr.csr_reduce(flat, offsets, None, offsets.shape[0] - 1, reduce, empty_mean_is_zero=False)
     return out.reshape((offsets.shape[0] - 1, *data.shape[1:]))
 

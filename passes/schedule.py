@@ -146,7 +146,7 @@ def merged(groups: list[list[int]], preds, signatures, rounds: int = 4) -> list[
     signature = [signatures[units[0]] for units in members]
     for _ in range(rounds):
         moved = _merge_pass(members, at, signature, succs, later=True)
-        moved += _merge_pass(members, at, signature, [list(ps) for ps in preds], later=False)
+        moved += _merge_pass(members, at, signature, preds, later=False)
         if not moved:
             break
     return [sorted(units) for units in members if units]
