@@ -5,7 +5,9 @@ one another."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+from unittest import mock
 
 import torch
 from torch import nn
@@ -64,6 +66,16 @@ def assert_as_close_to_float64_as_eager(compiled, model: torch.nn.Module, exact:
         return max(((v - w).abs().max() / w.abs().max()).item() for v, w in zip(values, want))
 
     assert error(compiled) <= error(model)
+
+
+def op_db_samples(opinfo, dtype: torch.dtype, first: int | None = None) -> list:
+    """An op_db entry's CPU sample inputs (the ``first`` ones, made one at a time). torch's sample iterator
+    looks for a unittest test case on the stack (``inspect.stack()``, which reads the source of every frame of
+    pytest's deep stack: seconds per op); a pytest function is none, so the lookup is skipped, with the same
+    samples and seeds."""
+    from torch.testing._internal import common_utils
+    with mock.patch.object(common_utils, "extract_test_fn", lambda: None):
+        return list(itertools.islice(opinfo.sample_inputs("cpu", dtype), first))
 
 
 @contextlib.contextmanager

@@ -58,6 +58,7 @@ def test_tiny_run_writes_results(tmp_path):
         assert f"| gcn/mutagenesis[2] | {system} | " in targets
 
 
+@pytest.mark.slow   # (Inductor compiles PyG's model in the child: most of a minute)
 def test_a_capped_system_is_compared_with_compiled_pyg_in_its_child_when_asked(tmp_path):
     results = run.main(["--workloads", "gcn/mutagenesis[2]", "--systems", "relational_filtered,pyg,pyg_compile",
                         "--runs", "2", "--warmup", "1", "--options", '{"inductor": false}', "--out", str(tmp_path)])

@@ -9,7 +9,7 @@ from torch import nn
 
 import dynamo_relational
 from tests.helpers import (ELEMENTWISE_ROWS as ROWS, ELEMENTWISE_WIDTH as WIDTH, PerNeuronScalars,
-                           assert_fast_compile_matches_eager, report_matching_eager)
+                           assert_fast_compile_matches_eager, op_db_samples, report_matching_eager)
 
 
 class Masks(nn.Module):
@@ -322,7 +322,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 def _small_samples(opinfo) -> list:
     """Up to two float64 samples of at most 400 elements per tensor: the first, and the first that broadcasts."""
     samples = []
-    for s in opinfo.sample_inputs("cpu", torch.float64):
+    for s in op_db_samples(opinfo, torch.float64):
         tensors = [s.input, *(a for a in (*s.args, *s.kwargs.values()) if isinstance(a, torch.Tensor))]
         if isinstance(s.input, torch.Tensor) and all(0 < t.numel() <= 400 for t in tensors) \
                 and not any(isinstance(a, (list, tuple)) for a in (*s.args, *s.kwargs.values())):

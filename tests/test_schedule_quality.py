@@ -37,7 +37,8 @@ def test_a_forest_of_binary_trees_is_scheduled_within_five_percent_of_the_bound(
     forest = random_binary_forest(64, 20)
     net = RecursiveNet()
     x = torch.randn(sum(map(len, forest)), HIDDEN)
-    graph = dynamo_relational.explain(Forest(net, forest), x, inductor=False, progress=False).graphs[0]
+    graph = dynamo_relational.compile(Forest(net, forest), x, detailed=True, inductor=False, progress=False) \
+        .report.graphs[0]
     assert graph.groups <= 1.05 * graph.lower_bound, (graph.groups, graph.lower_bound)
 
     batched = dynamo_relational.batch(net, progress=False)
