@@ -13,8 +13,13 @@ holds runs the union's grouped graph restricted to the batch's samples
 together (:mod:`dynamo_relational.assembly`): no tracing, no passes, no
 compiling.
 
-A structure seen for the first time is traced, and its sample runs with the
-model itself (eagerly) until the union holds it. When structures come back
+A structure seen for the first time is traced, and until the union holds it
+its samples run with the model itself (eagerly). With gradients on, the trace
+of a new structure is its sample's call: the tracer computes every value from
+the sample's tensors and the model's own parameters and buffers, as the call
+would, so the model does not run a second time (unless the trace ran a random
+op, whose numbers tracing does not draw: the buffers it changed are put back
+and the model runs). When structures come back
 (:data:`REGROUP_SHARE`), every structure seen is grouped as the new union, which
 then serves every batch: usually once, when the second epoch begins.
 
@@ -127,15 +132,17 @@ class BatchReport:
 
 
 class _SampleCall(nn.Module):
-    """``model`` called on one sample whose tensors are the arguments (what the tracer records)."""
+    """``model`` called on one sample whose tensors are the arguments (what the tracer records). (The sample
+    is held in a closure: its tensors are the trace's inputs, which a live trace may change as the call would,
+    not tensors the model holds.)"""
 
     def __init__(self, model: nn.Module, sample: tuple):
         super().__init__()
         self.model = model
-        self.sample = sample
+        self.arguments = lambda tensors: _substituted(sample, iter(tensors))
 
     def forward(self, *tensors: torch.Tensor) -> Any:
-        return self.model(*_substituted(self.sample, iter(tensors)))
+        return self.model(*self.arguments(tensors))
 
 
 def _substituted(value: Any, tensors) -> Any:
@@ -257,19 +264,20 @@ class BatchedModule(nn.Module):
         self._cache = self._caches.setdefault(self._state(), _Cache())
         found, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
         keys = [self._canonical.setdefault(k, k) for k in found]   # later lookups find the very key object
-        new = self._trace_new(keys, samples, tensors)
+        # (the samples traced now were computed by their traces, as the model computes them)
+        new, traced = self._trace_new(keys, samples, tensors)
         structures = self._cache.structures
         refused = next((structures[k].refused for k in keys if structures[k].refused), None)
         union = refused or self._union_for(keys, new)
         if isinstance(union, str):
-            return self._one_by_one(samples, union)
+            return self._one_by_one(samples, union, traced)
         held = [i for i, k in enumerate(keys) if union is not None and k in union.position]
         results: list[Any] = [None] * len(samples)
         if union is not None and held:
             for i, result in zip(held, self._run(union, [keys[i] for i in held], [tensors[i] for i in held])):
                 results[i] = result
         for i in sorted(set(range(len(samples))) - set(held)):
-            results[i] = self.model(*samples[i])
+            results[i] = traced[i][0] if i in traced else self.model(*samples[i])
         self.report.eager_samples += len(samples) - len(held)
         return results
 
@@ -295,31 +303,40 @@ class BatchedModule(nn.Module):
             del self._caches[stale]
         return tuple(m.training for m in modules), held
 
-    def _trace_new(self, keys: Sequence[Hashable], samples: list[tuple], tensors: Sequence[list]) -> set[Hashable]:
-        """Trace the structures not seen before; returns them."""
+    def _trace_new(self, keys: Sequence[Hashable], samples: list[tuple], tensors: Sequence[list]
+                   ) -> tuple[set[Hashable], dict[int, tuple]]:
+        """Trace the structures not seen before (each on its first sample); returns them, and the results that
+        their traces computed (in a 1-tuple, by sample; with gradients on, a trace is also the model's call on
+        its sample, :attr:`~dynamo_relational.tracing.Trace.result`)."""
         structures = self._cache.structures
-        new = {k: (s, t) for k, s, t in zip(keys, samples, tensors) if k not in structures}
+        new: dict[Hashable, int] = {}
+        for i, k in enumerate(keys):
+            if k not in structures:
+                new.setdefault(k, i)
         if not new:
-            return set()
+            return set(), {}
         start = time.perf_counter()
+        results = {}
         with gc_paused(), CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
-            for k, (sample, sample_tensors) in new.items():
-                structures[k] = self._traced(sample, sample_tensors)
+            for k, i in new.items():
+                structures[k], result = self._traced(samples[i], tensors[i])
+                if result is not None:
+                    results[i] = result
                 progress.step()
         self.report.structures += len(new)
         self.report.trace_seconds += time.perf_counter() - start
-        return set(new)
+        return set(new), results
 
-    def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> _Structure:
+    def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> tuple[_Structure, tuple | None]:
         call = _SampleCall(self.model, sample)
         names = [f"arg{j}" for j in range(len(tensors))]
-        traced = trace(call, [t.detach() for t in tensors], names)
+        traced = trace(call, tensors, names, live=True)
         try:
             graph = prepare(traced.graph, traced.out_spec, traced.constants, [tuple(t.shape) for t in tensors],
                             self.options)
         except NotBatchable as e:
-            return _Structure(None, str(e))
-        return _Structure(graph)
+            return _Structure(None, str(e)), traced.result
+        return _Structure(graph), traced.result
 
     # -- the union ----------------------------------------------------------
     def _union_for(self, keys: Sequence[Hashable], new: set[Hashable]) -> _Union | str | None:
@@ -395,12 +412,13 @@ class BatchedModule(nn.Module):
             results.append(leaves[0] if graph.out_spec.is_leaf() else pytree.tree_unflatten(leaves, graph.out_spec))
         return results
 
-    def _one_by_one(self, samples: list[tuple], reason: str) -> list[Any]:
+    def _one_by_one(self, samples: list[tuple], reason: str, traced: dict[int, tuple]) -> list[Any]:
+        """The samples' results from the model itself (or from their traces, which were its calls)."""
         self.report.unbatched += 1
         if reason != self.report.unbatched_reason:
             self.report.unbatched_reason = reason
             log.warning("relational: batch runs its samples one by one with the model: %s", reason)
-        return [self.model(*sample) for sample in samples]
+        return [traced[i][0] if i in traced else self.model(*sample) for i, sample in enumerate(samples)]
 
 
 def _grouped(union, options: Options) -> tuple[fx.GraphModule, dict]:

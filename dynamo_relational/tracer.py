@@ -2,8 +2,10 @@
 
 How shapes are known during tracing: each node's value is computed by running its op eagerly (under
 ``no_grad``) on the values of its arguments, starting from copies of the example inputs, parameters and
-buffers. For these tiny per-neuron ops that costs a few microseconds, far less than meta tensors (300-500 us
-per op: their shape functions are Python references) or fake tensors (about 300 us). The values never reach
+buffers (tracing ``live``: from the inputs, parameters and buffers themselves, in the caller's grad mode, so
+that the values are what an eager call computes, gradients and buffer updates included). For these tiny
+per-neuron ops that costs a few microseconds, far less than meta tensors (300-500 us per op: their shape
+functions are Python references) or fake tensors (about 300 us). The values never reach
 Python control flow (:mod:`~dynamo_relational.value_proxy`, :mod:`~dynamo_relational.data_dependence`); they
 give each node its shape, dtype and device (``meta["rel_info"]``, what the passes read) and are freed as soon
 as user code drops the node's last proxy (most neuron values die within their layer), except those of inputs
@@ -83,8 +85,15 @@ class Tracer(fx.Tracer):
 
     def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str],
                  progress: CompileProgress = NO_PROGRESS, record_random_ops: bool = False,
-                 record_factories: bool = False):
+                 record_factories: bool = False, live: bool = False):
         super().__init__()
+        #: compute the values from the inputs and the model's tensors themselves, with gradients
+        self.live = live
+        #: ``forward``'s result as computed while tracing ``live``
+        self.live_result: Any = None
+        #: whether a value was computed without drawing from the random generators (see :meth:`_value`): its
+        #: numbers are not the ones an eager call would draw
+        self.forked_random = False
         self.progress = progress
         #: record random ops, and tensor factories, called without a traced argument (:class:`RecordUntracedCalls`)
         self.record_random_ops, self.record_factories = record_random_ops, record_factories
@@ -102,6 +111,8 @@ class Tracer(fx.Tracer):
         for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
             self._names.setdefault(id(t), name)
             self.attrs.setdefault(name, t)
+        #: the model's parameters and buffers (the other get_attr targets are constants made while tracing)
+        self._model_tensors = frozenset(self.attrs)
         self._attr_nodes: dict[str, fx.Node] = {}
         self._attr_proxies: dict[str, fx.Proxy] = {}
         self._stack_traces: dict[Any, str] = {}
@@ -288,12 +299,15 @@ class Tracer(fx.Tracer):
     def _value(self, node: fx.Node) -> Any:
         target: Any = node.target   # a name, but for call_function nodes
         if node.op == "placeholder":
-            return self.inputs[self.input_names.index(target)].detach().clone()
+            value = self.inputs[self.input_names.index(target)]
+            return value if self.live else value.detach().clone()
         if node.op == "get_attr":
-            return self.attrs[target].detach().clone()
+            value = self.attrs[target]
+            # (a constant made in forward is fresh in every eager call: writes into it go to a copy)
+            return value if self.live and target in self._model_tensors else value.detach().clone()
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), self.value_of)
         grad = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)   # (the context manager costs more than the op)
+        torch._C._set_grad_enabled(self.live and grad)   # (the context manager costs more than the op)
         try:
             if node.op == "call_method":
                 fn, args = getattr(args[0], target), args[1:]
@@ -302,6 +316,7 @@ class Tracer(fx.Tracer):
             if not needs_check(node):
                 return fn(*args, **kwargs)
             if is_random(node, self.appliers.values()):   # no draw from the generators (see untraced_calls)
+                self.forked_random = True
                 with torch.random.fork_rng(devices=cuda_devices()), self._check:
                     return fn(*args, **kwargs)
             with self._check:
@@ -318,6 +333,9 @@ class Tracer(fx.Tracer):
         are alive; its structure goes to :attr:`out_spec`. (Flattened here, fx never sees the containers: it
         would make its own immutable lists and dicts of them, and a node constructing each namedtuple.)"""
         leaves, self.out_spec = pytree.tree_flatten(outputs)
+        if self.live:
+            self.live_result = pytree.tree_unflatten(
+                [leaf.value if isinstance(leaf, ValueProxy) else leaf for leaf in leaves], self.out_spec)
         for leaf in leaves:
             if isinstance(leaf, ValueProxy) and not isinstance(leaf.value, torch.Tensor):
                 raise FrontendError(f"{type(self.model).__name__}.forward returns {leaf.node.name} (a "

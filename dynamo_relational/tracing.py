@@ -38,12 +38,17 @@ class Trace:
     #: seconds spent tracing and computing the nodes' values
     seconds: float
     value_seconds: float
+    #: traced ``live``: ``forward``'s result as an eager call computes it, gradients included, in a 1-tuple;
+    #: None where tracing cannot stand in for that call (a random op drew no numbers while tracing)
+    result: tuple | None = None
 
 
 def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
-          progress: CompileProgress = NO_PROGRESS) -> Trace:
+          progress: CompileProgress = NO_PROGRESS, live: bool = False) -> Trace:
     """``model`` called on ``inputs`` (placeholders named ``names``), recorded as an ungrouped graph whose
-    nodes carry their shapes (``meta["rel_info"]``); see :mod:`dynamo_relational.frontend` for the contract."""
+    nodes carry their shapes (``meta["rel_info"]``); see :mod:`dynamo_relational.frontend` for the contract.
+    ``live`` (with gradients on) computes the values from ``inputs`` and the model's own tensors, so that the
+    trace also is the call: :attr:`Trace.result`."""
     start = time.perf_counter()
     refuse_unrecorded_hooks(model)
     names = [n.replace("[", "_").replace("]", "") for n in names]
@@ -51,8 +56,18 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     generators = generator_states()
     attributes = HeldAttributes(model)
     objects = PlainObjects(model)
-    with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
-        tracer = _traced(model, inputs, names, progress, generators, attributes)
+    live = live and torch.is_grad_enabled()   # (else the values would lack the gradients eager's have)
+    # what a live trace may change in place (inputs, buffers), kept to put back where its result is not used
+    # (all of them: ops such as batch_norm update buffers without counting a version)
+    changeable = [(t, t.detach().clone()) for t in (*inputs, *model.buffers())] if live else []
+    try:
+        with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
+            tracer, result = _traced(model, inputs, names, progress, generators, attributes, live)
+    except BaseException:
+        _put_back(changeable)
+        raise
+    if result is None:
+        _put_back(changeable)
     _refuse_changes_to_the_model(model, attributes, objects)
     progress.step()
     graph = tracer.graph
@@ -70,16 +85,26 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     # lazy: Python code for the ungrouped graph (tens of thousands of lines) is never needed
     gm = _LazyGraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
     out_spec = cast(pytree.TreeSpec, tracer.out_spec)   # set when forward returned
-    return Trace(gm, out_spec, constants, time.perf_counter() - start, tracer.value_seconds)
+    return Trace(gm, out_spec, constants, time.perf_counter() - start, tracer.value_seconds, result)
+
+
+def _put_back(changeable: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for t, before in changeable:
+            t.copy_(before)
 
 
 def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
-            generators: list[torch.Tensor], attributes: HeldAttributes) -> Tracer:
-    """The tracer that traced ``model``, once for most models. A call without a traced argument runs while
-    tracing and its result becomes a constant of the graph; where that loses eager's behaviour, which only a
-    trace shows, the model is traced again, recording such calls of one kind or both."""
-    tracer = Tracer(model, inputs, names, progress)
+            generators: list[torch.Tensor], attributes: HeldAttributes, live: bool) -> tuple[Tracer, tuple | None]:
+    """The tracer that traced ``model``, once for most models, and the first trace's result if it was
+    ``live`` (see :attr:`Trace.result`). A call without a traced argument runs while tracing and its result
+    becomes a constant of the graph; where that loses eager's behaviour, which only a trace shows, the model
+    is traced again, recording such calls of one kind or both. (A second trace computes from copies: the
+    first, live one already updated the buffers as the call does. A second trace for random ops sets the
+    generators back, to draw them again: the first trace's result, which used those draws, is not used.)"""
+    tracer = Tracer(model, inputs, names, progress, live=live)
     tracer.trace(model)
+    result = (tracer.live_result,) if live and not tracer.forked_random else None
     # Tracing computes no random value from the generators (see Tracer._value): a draw means a random op ran
     # outside the graph (torch.randn(4)), frozen into it. Random ops are recorded on a second trace only: the
     # first trace is forward's first run, whose one-off draws (a random tensor it caches on the model) must
@@ -88,6 +113,7 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
     if drew_since(generators):
         log.info("relational: random numbers were drawn outside the traced graph; tracing again to "
                  "record the random ops that drew them")
+        result = None
         tracer = _traced_again(model, inputs, names, progress, generators, record_random_ops=True)
         if drew_since(generators):
             raise FrontendError(
@@ -105,7 +131,7 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
     elif returned_constants_share_memory(tracer.graph, tracer.attrs, attributes.held_ids()):
         why = "outputs made without a traced value share memory"
     else:
-        return tracer
+        return tracer, result
     log.info("relational: %s; tracing again to record the tensor factories", why)
     tracer = _traced_again(model, inputs, names, progress, generators, record_random_ops=tracer.record_random_ops,
                            record_factories=True)
@@ -117,7 +143,7 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
             "dynamo_relational.compile would keep one such tensor for every call. Make it in forward with a "
             "factory (x.new_zeros(...), torch.zeros(...)), register it as a buffer, or use "
             "torch.compile(model, backend=\"relational\").")
-    return tracer
+    return tracer, result
 
 
 def _traced_again(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,

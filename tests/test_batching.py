@@ -354,6 +354,62 @@ def test_samples_may_return_structured_results_with_constants():
         torch.testing.assert_close(g["root"], w["root"], **BATCH_TOLERANCE)
 
 
+class _Normed(nn.Module):
+    """A TreeRNN over batch-normalized features (whose statistics mix a sample's rows: the samples run one by
+    one), counting its calls; optionally with dropout after it."""
+
+    def __init__(self, dropout: float = 0.0, noise: bool = False):
+        super().__init__()
+        self.norm, self.rnn = nn.BatchNorm1d(3), TreeRNN(3, hidden=4)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
+        self.noise = noise
+        self.calls: list = []
+
+    def forward(self, children, x):
+        self.calls.append(len(children))
+        h = self.drop(self.rnn(children, self.norm(x)))
+        return h * torch.rand((), dtype=h.dtype) if self.noise else h   # (a draw without a traced argument)
+
+
+def test_tracing_a_new_structure_is_its_samples_call():
+    """With gradients on, a new structure's trace computes its sample's result from the model's own tensors:
+    forward runs once per sample, buffers are updated once, and gradients reach the parameters as in eager."""
+    torch.manual_seed(0)
+    model = _Normed().double()
+    twin = copy.deepcopy(model)
+    batch = dataset("treernn", 4, features=3, dtype=torch.float64)
+    got, want = dynamo_relational.batch(model)(batch), [twin(*s) for s in batch]
+    assert len(model.calls) == len(batch)
+    torch.testing.assert_close(got, want, **BATCH_TOLERANCE)
+    torch.testing.assert_close(model.norm.running_mean, twin.norm.running_mean, rtol=0, atol=0)
+    assert model.norm.num_batches_tracked == twin.norm.num_batches_tracked == len(batch)
+    sum(g.sum() for g in got).backward()
+    sum(w.sum() for w in want).backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **BATCH_TOLERANCE)
+
+
+@pytest.mark.parametrize("random_op", ["dropout", "drawn_outside_the_graph"])
+def test_a_trace_that_cannot_stand_for_the_call_is_undone_and_the_sample_runs_eagerly(random_op):
+    """Tracing computes random ops without drawing, and traces again to record a random op called without a
+    traced argument (setting the generators back): the trace's values are not eager's. The sample then runs
+    with the model itself, after the buffers the trace updated are put back: one update, eager's draws."""
+    torch.manual_seed(0)
+    model = (_Normed(dropout=0.5) if random_op == "dropout" else _Normed(noise=True)).double()
+    twin = copy.deepcopy(model)
+    batch = dataset("treernn", 4, features=3, dtype=torch.float64)
+    batched = dynamo_relational.batch(model)
+    torch.manual_seed(1)
+    got = batched(batch)
+    drawn = torch.get_rng_state()
+    torch.manual_seed(1)
+    want = [twin(*s) for s in batch]
+    assert torch.equal(drawn, torch.get_rng_state())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(model.norm.running_var, twin.norm.running_var, rtol=0, atol=0)
+    assert model.norm.num_batches_tracked == len(batch)
+
+
 def test_switching_to_eval_traces_again():
     class Dropping(nn.Module):
         def __init__(self):
