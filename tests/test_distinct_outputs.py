@@ -18,11 +18,12 @@ from tests.helpers import TOLERANCE
 def _compile(front_end, model, x, **options):
     """The compiled callable and its graph's report; its outputs and gradients are checked against eager's."""
     options.setdefault("strict", True)
+    example = x.clone().requires_grad_()   # as it is called below (else a second variant would compile)
     if front_end == "backend":
-        report = dynamo_relational.explain(model, x, **options)
+        report = dynamo_relational.explain(model, example, **options)
         compiled, graph_report = report.compiled, report.graphs[0]
     else:
-        compiled = dynamo_relational.compile(model, x, **options)
+        compiled = dynamo_relational.compile(model, example, **options)
         graph_report = compiled.report.graphs[0]
     got, want = (fn(x.clone().requires_grad_()) for fn in (compiled, model))
     got, want = [got] if torch.is_tensor(got) else list(got), [want] if torch.is_tensor(want) else list(want)
