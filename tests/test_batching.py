@@ -355,8 +355,8 @@ def test_samples_may_return_structured_results_with_constants():
 
 
 class _Normed(nn.Module):
-    """A TreeRNN over batch-normalized features (whose statistics mix a sample's rows: the samples run one by
-    one), counting its calls; optionally with dropout after it."""
+    """A TreeRNN over batch-normalized features (whose buffer updates keep a sample's order: the samples run
+    one by one), counting its calls; optionally with dropout, or scaled by a number drawn outside the graph."""
 
     def __init__(self, dropout: float = 0.0, noise: bool = False):
         super().__init__()
