@@ -63,12 +63,12 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     try:
         with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
             tracer, result = _traced(model, inputs, names, progress, generators, attributes, live)
+        _refuse_changes_to_the_model(model, attributes, objects)
     except BaseException:
         _put_back(changeable)
         raise
     if result is None:
         _put_back(changeable)
-    _refuse_changes_to_the_model(model, attributes, objects)
     progress.step()
     graph = tracer.graph
     output = next(n for n in reversed(graph.nodes) if n.op == "output")

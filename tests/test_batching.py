@@ -410,6 +410,22 @@ def test_a_trace_that_cannot_stand_for_the_call_is_undone_and_the_sample_runs_ea
     assert model.norm.num_batches_tracked == len(batch)
 
 
+def test_a_refused_live_trace_leaves_the_buffers_as_they_were():
+    class Storing(_Normed):
+        def forward(self, children, x):
+            h = super().forward(children, x)
+            self.history.append(h)   # a traced value kept in the model's list: refused after the trace
+            return h
+
+    model = Storing().double()
+    model.history = []
+    before = model.norm.running_mean.clone()
+    with pytest.raises(FrontendError, match="stores a traced value"):
+        dynamo_relational.batch(model)(dataset("treernn", 1, features=3, dtype=torch.float64))
+    torch.testing.assert_close(model.norm.running_mean, before, rtol=0, atol=0)
+    assert model.norm.num_batches_tracked == 0
+
+
 def test_switching_to_eval_traces_again():
     class Dropping(nn.Module):
         def __init__(self):
