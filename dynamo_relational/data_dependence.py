@@ -2,8 +2,9 @@
 ``.item()``): the tracer computes each node's value to know its shape, and refuses these, since a graph traced
 once cannot follow values that change from call to call.
 
-The common per-neuron ops are known to be shape-static (:func:`needs_check`); every other op runs under
-:class:`RejectDataDependentOps`, which looks at the ATen ops' tags."""
+Ops that PyTorch's tags and dispatch table show to be shape-static run as they are (:func:`needs_check`), unless
+an operand may be read as a number; every other op runs under :class:`RejectDataDependentOps`, which looks at the
+tags of the ATen ops it runs."""
 from __future__ import annotations
 
 import operator
@@ -12,6 +13,9 @@ import torch
 import torch.fx as fx
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from .ops.base import tensor_info
+from .ops.facts import target_shape_static
 
 _DATA_DEPENDENT = torch.Tag.data_dependent_output
 _DYNAMIC_SHAPE = torch.Tag.dynamic_output_shape
@@ -28,27 +32,41 @@ def _static_despite_tag(func, args, kwargs) -> bool:
     return False
 
 
-#: call_function / call_method targets whose output shape never depends on tensor values (the
-#: hot per-neuron ops); every other op runs under :class:`RejectDataDependentOps`
-_SHAPE_STATIC = frozenset([
+#: composites whose decompositions are shape-static, among the hot per-neuron ops (the ATen ops that run as
+#: one kernel are found by :func:`~dynamo_relational.ops.facts.target_shape_static`), and Python's operators
+_STATIC_COMPOSITES = frozenset([
+    torch.nn.functional.linear, torch.matmul, torch.reshape, torch.flatten, torch.split, torch.chunk,
+    "matmul", "reshape", "flatten", "split", "chunk",
     operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.matmul, operator.pow,
-    torch.add, torch.sub, torch.mul, torch.div, torch.matmul, torch.mm, torch.mv, torch.dot, torch.nn.functional.linear,
-    torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.log, torch.stack, torch.cat, torch.sum, torch.mean,
-    torch.squeeze, torch.unsqueeze, torch.reshape, torch.flatten, torch.nn.functional.relu, torch.nn.functional.sigmoid,
-    torch.nn.functional.tanh,
-    "add", "sub", "mul", "div", "matmul", "relu", "sigmoid", "tanh", "exp", "log", "sum", "mean", "squeeze",
-    "unsqueeze", "view", "reshape", "flatten", "t", "transpose",
 ])
+
+
+def _static(node: fx.Node) -> bool:
+    try:
+        return node.target in _STATIC_COMPOSITES or target_shape_static(node.op, node.target)
+    except TypeError:   # unhashable target
+        return False
+
+
+def _may_be_read_as_number(operand: fx.Node) -> bool:
+    """A 0-dim integer tensor: PyTorch reads it as a number where a call takes one (``x.reshape(n)``,
+    ``torch.zeros(n)``), which makes the result's shape depend on its value."""
+    info = tensor_info(operand)
+    return info is not None and info.rank == 0 and not info.dtype.is_floating_point and not info.dtype.is_complex
+
+
+def _plain_slice(index: slice) -> bool:
+    return all(type(bound) is int or bound is None for bound in (index.start, index.stop, index.step))
 
 
 def needs_check(node: fx.Node) -> bool:
     """Whether computing ``node`` may run an op with a value-dependent output (shape)."""
     if node.target is operator.getitem:   # only tensor indices (boolean masks) can be
+        index = node.args[1]
+        if type(index) is int or type(index) is slice and _plain_slice(index):
+            return False
         return any(isinstance(a, fx.Node) for a in pytree.tree_leaves(node.args[1:]))
-    try:
-        return node.target not in _SHAPE_STATIC
-    except TypeError:   # unhashable target
-        return True
+    return not _static(node) or any(_may_be_read_as_number(a) for a in node.all_input_nodes)
 
 
 class DataDependentOp(Exception):

@@ -313,12 +313,12 @@ class Tracer(fx.Tracer):
                 fn, args = getattr(args[0], target), args[1:]
             else:
                 fn = target
-            if not needs_check(node):
-                return fn(*args, **kwargs)
             if is_random(node, self.appliers.values()):   # no draw from the generators (see untraced_calls)
                 self.forked_random = True
                 with torch.random.fork_rng(devices=cuda_devices()), self._check:
                     return fn(*args, **kwargs)
+            if not needs_check(node):
+                return fn(*args, **kwargs)
             with self._check:
                 return fn(*args, **kwargs)
         except DataDependentOp as e:

@@ -182,10 +182,12 @@ class DataDependent(nn.Module):
             h = h[h > 0]  # LINE:mask
         elif self.kind == "nonzero":
             h = torch.nonzero(h)  # LINE:nonzero
+        elif self.kind == "reshape":   # a size read from a 0-dim integer tensor
+            h = h.reshape(h[0, 0].long().abs() + 1, -1)  # LINE:reshape
         return h
 
 
-@pytest.mark.parametrize("kind", ["if", "item", "tolist", "range", "mask", "nonzero"])
+@pytest.mark.parametrize("kind", ["if", "item", "tolist", "range", "mask", "nonzero", "reshape"])
 def test_data_dependent_code_is_a_clear_error_naming_the_line(kind):
     with open(__file__) as f:
         line = next(i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# LINE:{kind}"))

@@ -90,6 +90,17 @@ def test_random_ops_are_the_ones_torch_tags_seeded():
     assert not any(facts.target_draws_random_numbers("call_function", f) for f in (torch.add, torch.zeros, len))
 
 
+def test_shape_static_ops_are_single_kernels_torch_does_not_tag_value_dependent():
+    """Composites (``where(mask)`` runs ``nonzero``) and ops tagged with a value-dependent output (shape) are not."""
+    static = [torch.add, torch.sigmoid, torch.cat, torch.stack, torch.sum, torch.index_select, torch.tanh]
+    assert all(facts.target_shape_static("call_function", f) for f in static)
+    assert all(facts.target_shape_static("call_method", m) for m in ("repeat", "new_zeros", "expand", "view", "t"))
+    value_dependent = [torch.nonzero, torch.masked_select, torch.unique_consecutive, torch.argwhere, torch.where,
+                       torch.repeat_interleave, torch.bincount, torch.unique, torch.equal, operator.add]
+    assert not any(facts.target_shape_static("call_function", f) for f in value_dependent)
+    assert not any(facts.target_shape_static("call_method", m) for m in ("item", "tolist", "nonzero", "narrow"))
+
+
 def test_ops_of_three_tensors_are_told_from_binary_ones():
     for target in (torch.where, torch.lerp, torch.addcmul, torch.clamp, "clamp"):
         assert facts.takes_three_tensors("call_method" if isinstance(target, str) else "call_function", target)

@@ -75,6 +75,12 @@ def value_info(value: Any) -> TensorInfo | None:
     """Shape/dtype/device of a (real or fake) value; None if not one tensor of static shape."""
     if isinstance(value, torch.Tensor) and not value.is_sparse:
         shape = tuple(value.shape)
+        try:   # an info seen before (a symbolic size cannot be hashed, and is never interned)
+            info = _INTERNED.get((shape, value.dtype, value.device))
+        except TypeError:
+            return None
+        if info is not None:
+            return info
         if all(type(s) is int for s in shape):
             return TensorInfo(shape, value.dtype, value.device)
     return None

@@ -242,6 +242,27 @@ def is_view(node: fx.Node) -> bool:
             and may_alias(node) and not writes(node) and aten_name(node.op, node.target) is not None)
 
 
+def _decomposes(overload: torch._ops.OpOverload) -> bool:
+    """Whether ``overload`` is a composite (CompositeImplicitAutograd) that runs as other ops."""
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(overload.name(), "CompositeImplicitAutograd")
+    except RuntimeError:   # a TorchScript overload (``split.str``) the dispatcher does not hold: no tensor reaches it
+        return False
+
+
+@lru_cache(maxsize=4096)
+def target_shape_static(op: str, target: Any) -> bool:
+    """Whether the result of a call of ``target`` has a shape that follows from its operands' shapes and its
+    Python arguments: it reaches an ATen op (:func:`aten_name`) none of whose overloads is tagged
+    ``data_dependent_output`` or ``dynamic_output_shape``, or decomposes into other ops, which may be
+    (``where(mask)`` runs ``nonzero``)."""
+    name = aten_name(op, target)
+    overloads = _overloads(name) if name is not None else ()
+    if not overloads or _tags(name) & {torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape}:
+        return False
+    return not any(_decomposes(overload) for overload in overloads)
+
+
 def _is_tensor_argument(t: torch._C.JitType) -> bool:
     return isinstance(t, torch.TensorType) or isinstance(t, torch.OptionalType) and isinstance(
         t.getElementType(), torch.TensorType)
