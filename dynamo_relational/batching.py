@@ -59,6 +59,7 @@ from .progress import CompileProgress
 from .row_plan import Batch, Refused, RowPlan, analyse
 from .tracer import gc_paused
 from .tracing import trace
+from .tracing_patches import patches_installed
 from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare, run_passes
 
 log = logging.getLogger("dynamo_relational")
@@ -317,7 +318,8 @@ class BatchedModule(nn.Module):
             return set(), {}
         start = time.perf_counter()
         results = {}
-        with gc_paused(), CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
+        with gc_paused(), patches_installed(), \
+                CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
             for k, i in new.items():
                 structures[k], result = self._traced(samples[i], tensors[i])
                 if result is not None:

@@ -39,9 +39,9 @@ from .ops.base import value_info
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress
 from .schemas import autocast_state
 from .source_lines import format_frame, frames, innermost_frame, traceback_frames, user_line
-from .tracing_patches import recording_autograd_functions, refusing_traced_attributes
+from .tracing_patches import tracing
 from .trial_runs import cuda_devices
-from .untraced_calls import RecordUntracedCalls, is_random, refusing_own_generators, writes_untraced_tensor
+from .untraced_calls import RecordUntracedCalls, is_random, writes_untraced_tensor
 from .value_proxy import ValueProxy
 
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
@@ -135,9 +135,8 @@ class Tracer(fx.Tracer):
         try:
             recording = RecordUntracedCalls(self, self.record_random_ops, self.record_factories) \
                 if self.record_random_ops or self.record_factories else contextlib.nullcontext()
-            with gc_paused(), recording, recording_autograd_functions(self), refusing_own_generators(self), \
-                    refusing_traced_attributes(self):
-                return super().trace(root, concrete_args)
+            with gc_paused(), recording, tracing(self, root):
+                return self._recorded(root)
         except FrontendError:
             raise
         except Exception as e:   # raised by user code (or code it calls) handed a proxy for a tensor
@@ -154,6 +153,20 @@ class Tracer(fx.Tracer):
         finally:
             self._stop = None
             self._values.clear()
+
+    def _recorded(self, root: nn.Module) -> fx.Graph:
+        """What ``fx.Tracer.trace`` does for a module, but its patches (:func:`tracing` installs them): a graph of
+        placeholders for the inputs, ``root``'s call on them, and an output node for its result."""
+        self.root = root
+        self.submodule_paths = {module: name for name, module in root.named_modules()}
+        self.tensor_attrs = {}
+        self.graph = fx.Graph(tracer_cls=type(self))
+        try:
+            fn, args = self.create_args_for_root(type(root).forward, True)
+            self.create_node("output", "output", (self.create_arg(fn(*args)),), {})
+        finally:
+            self.submodule_paths = None
+        return self.graph
 
     def value_of(self, node: fx.Node) -> Any:
         """The traced value of ``node`` (inputs and constants keep theirs in ``meta["example_value"]``)."""
@@ -180,12 +193,6 @@ class Tracer(fx.Tracer):
     def create_args_for_root(self, root_fn, is_module, concrete_args=None):
         proxies = [self.create_proxy("placeholder", name, (), {}) for name in self.input_names]
         return (lambda *args: self._checked_outputs(self.model(*args))), proxies
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return False
-
-    def call_module(self, m: nn.Module, forward: Callable, args: tuple, kwargs: dict) -> Any:
-        return forward(*args, **kwargs)
 
     def proxy(self, node: fx.Node) -> fx.Proxy:
         live = self._values.get(node)

@@ -1,32 +1,105 @@
-"""Process-wide patches in effect while the tracer runs ``forward``, as fx patches the functions it wraps:
-``torch.autograd.Function.apply`` records a custom Function's call as one node (keeping its backward), and
-``nn.Module.__setattr__`` refuses storing a traced tensor in the model. (The random functions' patch, which
-refuses ``generator=``, is :func:`dynamo_relational.untraced_calls.refusing_own_generators`.)"""
+"""Process-wide patches in effect while the tracer runs ``forward``:
+
+* ``nn.Module.__getattr__`` gives a module's parameters and buffers as proxies, as fx's trace does, so that
+  code reading them records ``get_attr`` nodes;
+* the functions fx wraps (``math``'s, those registered with ``torch.fx.wrap``) record a call when given a proxy;
+* ``torch.autograd.Function.apply`` records a custom Function's call as one node (keeping its backward);
+* ``nn.Module.__setattr__`` refuses storing a traced tensor in the model;
+* the random functions refuse ``generator=`` (:func:`dynamo_relational.untraced_calls.refusing_own_generators`).
+
+Setting a class attribute invalidates the method caches of every subclass (``nn.Module`` has hundreds), so
+installing and removing the patches costs about 1 ms, as much as tracing a small sample: a run of traces
+(:func:`patches_installed`, around all the new samples of a batch) installs them once, and each trace only
+names itself the one they serve (:func:`tracing`). Between traces they act as the functions they wrap."""
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.fx import _symbolic_trace as fx_trace
 
 from .errors import FrontendError
+from .untraced_calls import refusing_own_generators
 from .value_proxy import IN_PLACE_TARGETS, has_proxy
 
 if TYPE_CHECKING:
     from .tracer import Tracer
 
+#: the tracer running ``forward`` now (None between traces), and the patcher of the installed patches
+_current: Tracer | None = None
+_patcher: Any = None
+#: the functions fx wraps by default: ``math``'s
+_MATH_FUNCTIONS = {id(f) for name, f in vars(math).items() if not name.startswith("_") and callable(f)}
+
+
+def current_tracer() -> Tracer | None:
+    return _current
+
 
 @contextlib.contextmanager
-def recording_autograd_functions(tracer: Tracer) -> Iterator[None]:
+def patches_installed() -> Iterator[Any]:
+    """The patches in place for every trace run inside (installed here unless an outer run did)."""
+    global _patcher
+    if _patcher is not None:
+        yield _patcher
+        return
+    with fx_trace._new_patcher() as patcher, _getting_attributes_as_proxies(), _recording_autograd_functions(), \
+            _refusing_traced_attributes(), refusing_own_generators(current_tracer):
+        fx_trace._patch_wrapped_functions(patcher)
+        fx_trace._autowrap_check(patcher, vars(math), _MATH_FUNCTIONS)
+        _patcher = patcher
+        try:
+            yield patcher
+        finally:
+            _patcher = None
+
+
+@contextlib.contextmanager
+def tracing(tracer: Tracer, model: nn.Module) -> Iterator[None]:
+    """The patches in place and serving ``tracer``, which runs ``model``; ``math`` functions imported into
+    the modules of its ``forward`` methods are wrapped too."""
+    global _current
+    with patches_installed() as patcher:
+        for module in model.modules():
+            fx_trace._autowrap_check(patcher, getattr(type(module).forward, "__globals__", {}), _MATH_FUNCTIONS)
+        previous, _current = _current, tracer
+        tracing_flag, fx_trace._is_fx_tracing_flag = fx_trace._is_fx_tracing_flag, True
+        try:
+            yield
+        finally:
+            _current = previous
+            fx_trace._is_fx_tracing_flag = tracing_flag
+
+
+@contextlib.contextmanager
+def _getting_attributes_as_proxies() -> Iterator[None]:
+    original = nn.Module.__getattr__
+
+    def __getattr__(module, name):
+        value = original(module, name)
+        return value if _current is None else _current.getattr(name, value, {})
+
+    nn.Module.__getattr__ = __getattr__   # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.__getattr__ = original   # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _recording_autograd_functions() -> Iterator[None]:
     """``MyFunction.apply(x)`` of a traced ``x`` records one call of ``MyFunction.apply``, which runs
     its forward and, in training, its own backward. (Left alone, fx would trace the ops of its
     forward and lose the backward.)"""
     original = torch.autograd.Function.__dict__["apply"]
 
     def apply(cls, *args, **kwargs):
-        if not has_proxy(args, kwargs):
+        tracer = _current
+        if tracer is None or not has_proxy(args, kwargs):
             return original.__get__(None, cls)(*args, **kwargs)
         applier = tracer.appliers.get(cls)
         if applier is None:
@@ -44,16 +117,17 @@ def recording_autograd_functions(tracer: Tracer) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def refusing_traced_attributes(tracer: Tracer) -> Iterator[None]:
+def _refusing_traced_attributes() -> Iterator[None]:
     """``self.steps = self.steps + 1`` in ``forward`` would store a proxy in the model, which the model
     could not run with afterwards, and the trace would not replay the assignment on later calls: it
     is refused while tracing, naming the line, before the model is changed."""
     original = nn.Module.__setattr__
 
     def __setattr__(module, name, value):
-        if _updated_in_place(tracer, module, name, value):
-            return   # ``self.steps += 1`` on a buffer: the recorded ``iadd`` wrote it; eager stores it again
-        if has_proxy((value,), {}):
+        tracer = _current
+        if tracer is not None and has_proxy((value,), {}):
+            if _updated_in_place(tracer, module, name, value):
+                return   # ``self.steps += 1`` on a buffer: the recorded ``iadd`` wrote it; eager stores it again
             raise FrontendError(
                 f"{type(module).__name__}.{name} is assigned a traced tensor at {tracer.user_line()}"
                 "\ndynamo_relational.compile records tensor ops, not assignments to the model's attributes "

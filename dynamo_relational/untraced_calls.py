@@ -60,10 +60,11 @@ def drew_since(states: list[torch.Tensor]) -> bool:
     return any(not torch.equal(a, b) for a, b in zip(states, generator_states()))
 
 
-def _refusing_generators(function: Callable, name: str, tracer: Tracer) -> Callable:
+def _refusing_generators(function: Callable, name: str, current: Callable[[], Tracer | None]) -> Callable:
     @functools.wraps(function)
     def refusing(*args, **kwargs):
-        if kwargs.get("generator") is not None:
+        tracer = current()
+        if tracer is not None and kwargs.get("generator") is not None:
             raise FrontendError(f"random op `{name}` with an explicit torch.Generator at {tracer.user_line()}\n"
                                 "dynamo_relational.compile records random ops on the default generator only: drop "
                                 "the generator, or use torch.compile(model, backend=\"relational\").")
@@ -72,18 +73,19 @@ def _refusing_generators(function: Callable, name: str, tracer: Tracer) -> Calla
 
 
 @contextlib.contextmanager
-def refusing_own_generators(tracer: Tracer) -> Iterator[None]:
-    """A random op given its own ``generator=`` draws from a generator this tracer does not watch
-    (see :func:`drew_since`): the random functions of ``torch`` and ``torch.Tensor`` refuse
-    it while tracing, naming the line, instead of letting its numbers be frozen. (The patch is
-    process-wide: another thread passing ``generator=`` during a trace is refused too.)"""
+def refusing_own_generators(current: Callable[[], Tracer | None]) -> Iterator[None]:
+    """A random op given its own ``generator=`` draws from a generator the tracer does not watch
+    (see :func:`drew_since`): while a trace runs (``current()``, the tracer, is not None), the random
+    functions of ``torch`` and ``torch.Tensor`` refuse it, naming the line, instead of letting its numbers
+    be frozen. (The patch is process-wide: another thread passing ``generator=`` during a trace is refused
+    too.)"""
     patched = []
     for namespace in (torch, torch.Tensor):
         for name in _random_ops():
             original = getattr(namespace, name, None)
             if callable(original):
                 patched.append((namespace, name, namespace.__dict__.get(name)))
-                setattr(namespace, name, _refusing_generators(original, name, tracer))
+                setattr(namespace, name, _refusing_generators(original, name, current))
     try:
         yield
     finally:
