@@ -48,11 +48,14 @@ def _static(node: fx.Node) -> bool:
         return False
 
 
-def _may_be_read_as_number(operand: fx.Node) -> bool:
-    """A 0-dim integer tensor: PyTorch reads it as a number where a call takes one (``x.reshape(n)``,
-    ``torch.zeros(n)``), which makes the result's shape depend on its value."""
-    info = tensor_info(operand)
-    return info is not None and info.rank == 0 and not info.dtype.is_floating_point and not info.dtype.is_complex
+def _reads_a_number(node: fx.Node) -> bool:
+    """Whether an operand is a 0-dim integer tensor: PyTorch reads it as a number where a call takes one
+    (``x.reshape(n)``, ``torch.zeros(n)``), which makes the result's shape depend on its value."""
+    for operand in node.all_input_nodes:
+        info = tensor_info(operand)
+        if info is not None and info.rank == 0 and not (info.dtype.is_floating_point or info.dtype.is_complex):
+            return True
+    return False
 
 
 def _plain_slice(index: slice) -> bool:
@@ -66,7 +69,7 @@ def needs_check(node: fx.Node) -> bool:
         if type(index) is int or type(index) is slice and _plain_slice(index):
             return False
         return any(isinstance(a, fx.Node) for a in pytree.tree_leaves(node.args[1:]))
-    return not _static(node) or any(_may_be_read_as_number(a) for a in node.all_input_nodes)
+    return not _static(node) or _reads_a_number(node)
 
 
 class DataDependentOp(Exception):
