@@ -7,7 +7,10 @@ and, for the TreeLSTMs, code batched by hand.
 
 For each model of ``examples/per_sample.py`` (written for one sample), trains
 ``--epochs`` epochs of SGD over the same shuffled mini-batches in one process,
-from the same weights, the systems taking turns epoch by epoch:
+from the same weights. In the first two epochs, which trace and group and run
+long while the machine's speed drifts, the systems take turns batch by batch
+(an epoch's seconds are the sum of its steps'); later ones take turns epoch by
+epoch, so that each system's steps run after its own, as in a training loop:
 
 * ``eager``: the model called sample by sample;
 * ``batched``: ``dynamo_relational.batch(model)``;
@@ -28,12 +31,13 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import time
 from typing import Callable
 
 import torch
 from torch import nn
 
-from examples.per_sample import MODELS, ChildSumTreeLSTM, MoleculeGCN, TreeLSTM, dataset, train_epoch
+from examples.per_sample import MODELS, ChildSumTreeLSTM, MoleculeGCN, TreeLSTM, batches, dataset, train_step
 
 
 def level_batched_tree_lstm(model: TreeLSTM | ChildSumTreeLSTM, samples: list[tuple]) -> list[torch.Tensor]:
@@ -101,6 +105,23 @@ def pyg_molecules(model: nn.Module, data: list[tuple]) -> Callable[[list[tuple]]
     return forward
 
 
+def _epoch(systems: dict, optimizers: dict, data: list[tuple], targets: torch.Tensor, batch_size: int, epoch: int,
+           by_batch: bool) -> dict[str, float]:
+    """Each system's seconds for one epoch, the systems taking turns ``by_batch`` or epoch by epoch."""
+    seconds = dict.fromkeys(systems, 0.0)
+    turns = [[chosen] for chosen in batches(len(data), batch_size, epoch)] if by_batch \
+        else [batches(len(data), batch_size, epoch)]
+    for chosen_batches in turns:
+        for name, (_, fn) in systems.items():
+            start = time.perf_counter()
+            for chosen in chosen_batches:
+                train_step(fn, data, targets, chosen, optimizers[name])
+            if targets.is_cuda:
+                torch.cuda.synchronize()
+            seconds[name] += time.perf_counter() - start
+    return seconds
+
+
 def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cpu") -> dict:
     import dynamo_relational
 
@@ -120,8 +141,7 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, (m, _) in systems.items()}
     rows = []
     for epoch in range(epochs):
-        row = {name: train_epoch(fn, data, targets, batch_size, optimizers[name], epoch)
-               for name, (_, fn) in systems.items()}
+        row = _epoch(systems, optimizers, data, targets, batch_size, epoch, by_batch=epoch < 2)
         rows.append(row)
         print(f"  {kind} epoch {epoch}: " + "  ".join(
             f"{name} {s:7.2f} s ({row['eager'] / s:5.2f}x)" for name, s in row.items()), flush=True)

@@ -240,18 +240,27 @@ def dataset(kind: str, samples: int, features: int = 8, seed: int = 0, dtype=tor
     return data
 
 
+def batches(samples: int, batch_size: int, seed: int) -> list[list[int]]:
+    """The sample indices of each mini-batch of an epoch, shuffled with ``seed``."""
+    order = list(range(samples))
+    random.Random(seed).shuffle(order)
+    return [order[i:i + batch_size] for i in range(0, samples, batch_size)]
+
+
+def train_step(model, data: list[tuple], targets: torch.Tensor, chosen: list[int], optimizer) -> None:
+    """One SGD step on the samples ``chosen`` of ``data``; ``model`` takes a list of samples."""
+    outputs = model([data[j] for j in chosen])
+    loss = sum(((out.mean() - targets[j]) ** 2 for out, j in zip(outputs, chosen)), torch.zeros(())) / len(chosen)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
 def train_epoch(model, data: list[tuple], targets: torch.Tensor, batch_size: int, optimizer, seed: int) -> float:
     """One epoch of SGD over shuffled mini-batches; ``model`` takes a list of samples. Returns seconds."""
-    order = list(range(len(data)))
-    random.Random(seed).shuffle(order)
     start = time.perf_counter()
-    for i in range(0, len(order), batch_size):
-        chosen = order[i:i + batch_size]
-        outputs = model([data[j] for j in chosen])
-        loss = sum(((out.mean() - targets[j]) ** 2 for out, j in zip(outputs, chosen)), torch.zeros(())) / len(chosen)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    for chosen in batches(len(data), batch_size, seed):
+        train_step(model, data, targets, chosen, optimizer)
     if targets.is_cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - start

@@ -456,6 +456,24 @@ def test_bad_batches_are_refused_with_the_sample_named():
     assert batched([]) == []
 
 
+def test_the_tracing_patches_serve_every_trace_of_a_batch_and_are_undone_after_it():
+    """The patches are installed once for a batch's new samples: a later sample's trace is still refused
+    (``generator=``), and afterwards nothing is left patched."""
+    class OwnGenerator(TreeRNN):
+        def forward(self, children, x):
+            if len(children) == 3:
+                x = x + torch.randn(x.shape, generator=torch.Generator().manual_seed(0))
+            return super().forward(children, x)
+
+    originals = (nn.Module.__getattr__, nn.Module.__setattr__, torch.autograd.Function.apply, torch.randn)
+    batched = dynamo_relational.batch(OwnGenerator(3, hidden=4))
+    samples = [([[1], []], torch.randn(2, 3)), ([[1, 2], [], []], torch.randn(3, 3))]
+    with pytest.raises(FrontendError, match="random op `randn` with an explicit torch.Generator"):
+        batched(samples)
+    assert (nn.Module.__getattr__, nn.Module.__setattr__, torch.autograd.Function.apply, torch.randn) == originals
+    torch.randn(2, generator=torch.Generator().manual_seed(0))   # outside a trace, generators are fine
+
+
 def test_samples_whose_tensors_differ_in_dtype_keep_their_dtypes():
     class Sums(nn.Module):
         def forward(self, children, x):
