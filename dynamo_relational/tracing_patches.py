@@ -77,6 +77,8 @@ def tracing(tracer: Tracer, model: nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _getting_attributes_as_proxies() -> Iterator[None]:
+    """``self.weight`` read while tracing is the tracer's proxy for it (a ``get_attr`` node), so that ops on
+    parameters alone (``self.weight.t()``) are recorded, not computed once into a constant."""
     original = nn.Module.__getattr__
 
     def __getattr__(module, name):
