@@ -168,6 +168,12 @@ class Tracer(fx.Tracer):
             self.submodule_paths = None
         return self.graph
 
+    @property
+    def call_result(self) -> tuple | None:
+        """``forward``'s result in a 1-tuple where this trace was also the eager call (traced ``live``, and no
+        value computed without drawing its random numbers), else None."""
+        return (self.live_result,) if self.live and not self.forked_random else None
+
     def value_of(self, node: fx.Node) -> Any:
         """The traced value of ``node`` (inputs and constants keep theirs in ``meta["example_value"]``)."""
         if node.op in ("placeholder", "get_attr"):

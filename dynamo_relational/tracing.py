@@ -62,11 +62,12 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     changeable = [(t, t.detach().clone()) for t in (*inputs, *model.buffers())] if live else []
     try:
         with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
-            tracer, result = _traced(model, inputs, names, progress, generators, attributes, live)
+            tracer = _traced(model, inputs, names, progress, generators, attributes, live)
         _refuse_changes_to_the_model(model, attributes, objects)
     except BaseException:
         _put_back(changeable)
         raise
+    result = tracer.call_result
     if result is None:
         _put_back(changeable)
     progress.step()
@@ -95,16 +96,15 @@ def _put_back(changeable: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
-            generators: list[torch.Tensor], attributes: HeldAttributes, live: bool) -> tuple[Tracer, tuple | None]:
-    """The tracer that traced ``model``, once for most models, and the first trace's result if it was
-    ``live`` (see :attr:`Trace.result`). A call without a traced argument runs while tracing and its result
-    becomes a constant of the graph; where that loses eager's behaviour, which only a trace shows, the model
-    is traced again, recording such calls of one kind or both. (A second trace computes from copies: the
-    first, live one already updated the buffers as the call does. A second trace for random ops sets the
-    generators back, to draw them again: the first trace's result, which used those draws, is not used.)"""
+            generators: list[torch.Tensor], attributes: HeldAttributes, live: bool) -> Tracer:
+    """The tracer that traced ``model``, once for most models (``live`` as asked). A call without a traced
+    argument runs while tracing and its result becomes a constant of the graph; where that loses eager's
+    behaviour, which only a trace shows, the model is traced again, recording such calls of one kind or both.
+    A second trace computes from copies (the first, live one already updated the buffers as the call does),
+    and its tracer has no :attr:`~dynamo_relational.tracer.Tracer.call_result`: the first trace's result is
+    not eager's (its untraced calls drew numbers, or wrote traced values where later reads missed them)."""
     tracer = Tracer(model, inputs, names, progress, live=live)
     tracer.trace(model)
-    result = (tracer.live_result,) if live and not tracer.forked_random else None
     # Tracing computes no random value from the generators (see Tracer._value): a draw means a random op ran
     # outside the graph (torch.randn(4)), frozen into it. Random ops are recorded on a second trace only: the
     # first trace is forward's first run, whose one-off draws (a random tensor it caches on the model) must
@@ -113,7 +113,6 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
     if drew_since(generators):
         log.info("relational: random numbers were drawn outside the traced graph; tracing again to "
                  "record the random ops that drew them")
-        result = None
         tracer = _traced_again(model, inputs, names, progress, generators, record_random_ops=True)
         if drew_since(generators):
             raise FrontendError(
@@ -131,7 +130,7 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
     elif returned_constants_share_memory(tracer.graph, tracer.attrs, attributes.held_ids()):
         why = "outputs made without a traced value share memory"
     else:
-        return tracer, result
+        return tracer
     log.info("relational: %s; tracing again to record the tensor factories", why)
     tracer = _traced_again(model, inputs, names, progress, generators, record_random_ops=tracer.record_random_ops,
                            record_factories=True)
@@ -143,7 +142,7 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
             "dynamo_relational.compile would keep one such tensor for every call. Make it in forward with a "
             "factory (x.new_zeros(...), torch.zeros(...)), register it as a buffer, or use "
             "torch.compile(model, backend=\"relational\").")
-    return tracer, result
+    return tracer
 
 
 def _traced_again(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,

@@ -356,18 +356,23 @@ def test_samples_may_return_structured_results_with_constants():
 
 class _Normed(nn.Module):
     """A TreeRNN over batch-normalized features (whose buffer updates keep a sample's order: the samples run
-    one by one), counting its calls; optionally with dropout, or scaled by a number drawn outside the graph."""
+    one by one), counting its calls; optionally with dropout, scaled by a number drawn outside the graph, or
+    written into a tensor made from Python values and read back from it."""
 
-    def __init__(self, dropout: float = 0.0, noise: bool = False):
+    def __init__(self, dropout: float = 0.0, noise: bool = False, written: bool = False):
         super().__init__()
         self.norm, self.rnn = nn.BatchNorm1d(3), TreeRNN(3, hidden=4)
         self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
-        self.noise = noise
+        self.noise, self.written = noise, written
         self.calls: list = []
 
     def forward(self, children, x):
         self.calls.append(len(children))
         h = self.drop(self.rnn(children, self.norm(x)))
+        if self.written:   # (the read of `out` runs on its untraced value while tracing)
+            out = torch.zeros(2, *h.shape, dtype=h.dtype)
+            out[1] = h
+            h = out.sum(0)
         return h * torch.rand((), dtype=h.dtype) if self.noise else h   # (a draw without a traced argument)
 
 
@@ -389,13 +394,15 @@ def test_tracing_a_new_structure_is_its_samples_call():
         torch.testing.assert_close(p.grad, q.grad, **BATCH_TOLERANCE)
 
 
-@pytest.mark.parametrize("random_op", ["dropout", "drawn_outside_the_graph"])
-def test_a_trace_that_cannot_stand_for_the_call_is_undone_and_the_sample_runs_eagerly(random_op):
+@pytest.mark.parametrize("case", ["dropout", "drawn_outside_the_graph", "written_into_a_factory"])
+def test_a_trace_that_cannot_stand_for_the_call_is_undone_and_the_sample_runs_eagerly(case):
     """Tracing computes random ops without drawing, and traces again to record a random op called without a
-    traced argument (setting the generators back): the trace's values are not eager's. The sample then runs
-    with the model itself, after the buffers the trace updated are put back: one update, eager's draws."""
+    traced argument (setting the generators back), or a factory whose tensor a traced value is written into
+    (whose later reads ran on its untraced value): the first trace's values are not eager's. The sample then
+    runs with the model itself, after the buffers the trace updated are put back: one update, eager's draws."""
     torch.manual_seed(0)
-    model = (_Normed(dropout=0.5) if random_op == "dropout" else _Normed(noise=True)).double()
+    model = {"dropout": _Normed(dropout=0.5), "drawn_outside_the_graph": _Normed(noise=True),
+             "written_into_a_factory": _Normed(written=True)}[case].double()
     twin = copy.deepcopy(model)
     batch = dataset("treernn", 4, features=3, dtype=torch.float64)
     batched = dynamo_relational.batch(model)
