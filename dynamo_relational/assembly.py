@@ -136,15 +136,31 @@ def _place(buffer: numpy.ndarray, values: numpy.ndarray, lengths: numpy.ndarray,
 
 
 class Assembly:
-    """Every index tensor and size of a row plan, for any batch of its samples (see the module docstring)."""
+    """Every index tensor and size of a row plan, for any batch of its samples (see the module docstring).
 
-    def __init__(self, indices: Sequence["GatherIndex"], sizes: Sequence["Rows"], samples: int):
+    ``spans`` (default: one each) counts the consecutive index tensors that each input of the plan's graph
+    holds: a merged gather's selects (``passes/merge_gathers.py``) are one input, their entries joined."""
+
+    def __init__(self, indices: Sequence["GatherIndex"], sizes: Sequence["Rows"], samples: int,
+                 spans: Sequence[int] | None = None):
         self.values = values = _Values(samples)
         kinds = [index.kind for index in indices]
         #: index tensors numbered family by family: selects, then CSR reductions, then segments
         self.select = [i for i, k in enumerate(kinds) if k == "select"]
         self.reduce = [i for i, k in enumerate(kinds) if k == "reduce"]
         self.segments = [i for i, k in enumerate(kinds) if k == "segments"]
+        spans = list(spans) if spans is not None else [1] * len(indices)
+        first = numpy.cumsum(spans, dtype=numpy.int64) - spans
+        if int(numpy.sum(spans)) != len(indices) or any(
+                kinds[f + k] != "select" for f, span in zip(first, spans) if span > 1 for k in range(span)):
+            raise ValueError("a span of several index tensors must cover selects only")
+        self.inputs = len(spans)
+        #: the graph input of each family member that starts one (a select, or a span of them)
+        slot_of = {int(f): slot for slot, f in enumerate(first)}
+        self.select_slots = [slot_of[i] for i in self.select if i in slot_of]
+        self.select_starts = numpy.array([k for k, i in enumerate(self.select) if i in slot_of], dtype=numpy.int64)
+        self.reduce_slots = [slot_of[i] for i in self.reduce]
+        self.segment_slots = [slot_of[i] for i in self.segments]
         self.device = indices[0].device if indices else torch.device("cpu")
         #: pack the transposed CSR too: the CUDA kernels multiply by it in backward; the CPU's
         #: ``gather_reduce_indexed`` (``index_add``, ATen's autograd) reads each entry's row instead
@@ -186,7 +202,7 @@ class Assembly:
         return out.owner[row_of], numpy.full(entry.shape[0], key), order, {"part": part, "rank": rank}
 
     def arguments(self, samples: numpy.ndarray) -> list[Any]:
-        """The index tensors (in the row plan's order) and then the sizes of the batch ``samples``."""
+        """The index inputs (in the row plan's order) and then the sizes of the batch ``samples``."""
         values = self.values
         part_start, within, size = values.restrict(samples)
         entries, positions, keys = self.reads.take(samples)
@@ -199,17 +215,20 @@ class Assembly:
 
         selects = len(self.select)
         selected = int(read_counts[:selects].sum())
-        tensors: list[Any] = [None] * (len(self.read_keys) + len(self.segments))
-        for i, t in zip(self.select, self._cut(read[:selected], read_counts[:selects])):
-            tensors[i] = t
+        tensors: list[Any] = [None] * self.inputs
+        if selects:
+            span_counts = numpy.add.reduceat(read_counts[:selects], self.select_starts)
+            for slot, t in zip(self.select_slots, self._cut(read[:selected], span_counts)):
+                tensors[slot] = t
         reduces = len(self.reduce)
         counted = int(row_counts[:reduces].sum())
         csr = self._packed(read[selected:], read_counts[selects:], lengths[:counted], row_counts[:reduces], size)
-        for i, t in zip(self.reduce, csr):
-            tensors[i] = t
+        for slot, t in zip(self.reduce_slots, csr):
+            tensors[slot] = t
         segment_counts = row_counts[reduces:]
-        for i, t in zip(self.segments, self._cut(_offsets(lengths[counted:], segment_counts), segment_counts + 1)):
-            tensors[i] = t
+        for slot, t in zip(self.segment_slots,
+                           self._cut(_offsets(lengths[counted:], segment_counts), segment_counts + 1)):
+            tensors[slot] = t
         return tensors + size[self.sizes].tolist()
 
     def _packed(self, index: numpy.ndarray, nnz: numpy.ndarray, lengths: numpy.ndarray, rows: numpy.ndarray,

@@ -202,9 +202,11 @@ class RowPlan:
     outputs: list[Rows]
     #: the Rows of each value with rows, by its node's position in the graph
     values: dict[int, Rows] = field(default_factory=dict)
+    #: how many consecutive :attr:`indices` each index input of the graph holds (a merged gather's, joined)
+    spans: list[int] | None = None
 
     def __post_init__(self):
-        self.assembly = Assembly(self.indices, self.sizes, self.samples)
+        self.assembly = Assembly(self.indices, self.sizes, self.samples, self.spans)
         distinct = list({id(rows): rows for rows in self.values.values()}.values())
         slot = {id(rows): k for k, rows in enumerate(distinct)}
         self._slot_of = {position: slot[id(rows)] for position, rows in self.values.items()}
@@ -456,6 +458,8 @@ class _Analysis:
         source, index_node = cast(fx.Node, node.args[0]), cast(fx.Node, node.args[2])
         if source not in self.rows:
             raise Refused(f"{_describe(node)}: a merged gather of a value without rows of samples")
+        if len(index_node.users) != 1:   # (its joined index becomes this gather's own input)
+            raise Refused(f"{_describe(node)}: a merged gather whose index tensors other nodes read")
         source_rows = _static_info(source).shape[0]
         source_owner = self.rows[source]
         readers = {user.args[1]: user for split in node.users for user in split.users}
@@ -511,15 +515,24 @@ class _Analysis:
         graph = self.gm.graph
         data = list(graph.find_nodes(op="placeholder"))
         last = data[-1] if data else None
+        # a merged gather's index tensors are one input, their entries joined (no torch.cat of them per batch)
+        spans = [len(self._joined_indices[gather]) if gather in self._joined_indices else 1
+                 for k, (gather, _, _) in enumerate(self.indices)
+                 if k == 0 or gather is not self.indices[k - 1][0] or gather not in self._joined_indices]
         index_inputs: list[fx.Node] = []
         size_inputs: list[fx.Node] = []
-        for name, inputs, count in (("index", index_inputs, len(self.indices)), ("size", size_inputs, len(self.sizes))):
+        for name, inputs, count in (("index", index_inputs, len(spans)), ("size", size_inputs, len(self.sizes))):
             for i in range(count):
                 first = next(iter(graph.nodes))
                 with graph.inserting_after(last) if last is not None else graph.inserting_before(first):
                     last = graph.placeholder(f"{name}{i}")
                 inputs.append(last)
-        for (gather, csr, index), new in zip(self.indices, index_inputs):
+        starts = numpy.cumsum(spans) - spans
+        for start, new in zip(starts, index_inputs):
+            gather, csr, _ = self.indices[start]
+            if gather in self._joined_indices:
+                gather.replace_all_uses_with(new)
+                continue
             gather.replace_input_with(csr, new)
             if gather.target is _GATHER_ROWS:   # a plain gather of the batch's index: no transpose to pack per batch
                 gather.target, gather.args = torch.index_select, (gather.args[0], 0, new)
@@ -530,7 +543,7 @@ class _Analysis:
         values = {position: self.rows[node] for position, node in enumerate(graph.nodes)
                   if node in self.rows and node.op in ("call_function", "call_method")}
         return RowPlan(self.gm, self.samples, [i for _, _, i in self.indices], [r for _, _, r in self.sizes], outputs,
-                       values)
+                       values, spans)
 
 
 def _tagged_reader(node: fx.Node) -> fx.Node:

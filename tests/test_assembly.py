@@ -102,3 +102,29 @@ def test_assembled_index_tensors_equal_their_definition(seed, transposes):
                                        msg=lambda m: f"{index.kind} index {i}, batch {batch}: {m}")
         want_sizes = [len(set(restricted_rows(rows, batch).values())) for rows in sizes]
         assert got[len(indices):] == want_sizes
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_consecutive_selects_assembled_as_one_input_are_their_indices_joined(seed):
+    """A merged gather reads its parts' index tensors as one input: their entries one after the other."""
+    rng = numpy.random.default_rng(seed)
+    samples = int(rng.integers(1, 6))
+    indices, sizes = random_union(rng, samples)
+    indices.sort(key=lambda index: index.kind != "select")   # the selects first, then one span of all of them
+    selects = sum(index.kind == "select" for index in indices)
+    spans = [selects] + [1] * (len(indices) - selects) if selects else None
+    assembly = Assembly(indices, sizes, samples, spans)
+    for batch in ([0], list(range(samples)), list(rng.integers(0, samples, 7))):
+        got = assembly.arguments(numpy.array(batch, dtype=numpy.int64))
+        if selects:
+            want = torch.cat([expected(index, batch) for index in indices[:selects]])
+            torch.testing.assert_close(got[0].long(), want, rtol=0, atol=0)
+        assert len(got) == len(indices) - max(selects - 1, 0) + len(sizes)
+
+
+def test_a_span_of_index_tensors_other_than_selects_is_refused():
+    rng = numpy.random.default_rng(0)
+    indices, sizes = random_union(rng, 3)
+    indices.sort(key=lambda index: index.kind)   # reduce, then select, then segments
+    with pytest.raises(ValueError, match="selects only"):
+        Assembly(indices, sizes, 3, [2] + [1] * (len(indices) - 2))

@@ -12,6 +12,12 @@ def _splits(batched) -> int:
     return sum(n.target is torch.split for n in batched._cache.union.plan.graph.graph.nodes)
 
 
+def _joined_index_inputs(batched) -> int:
+    """``torch.cat`` nodes of the batch graph that join its inputs (index tensors assembled apart)."""
+    return sum(n.target is torch.cat and all(a.op == "placeholder" for a in n.args[0])
+               for n in batched._cache.union.plan.graph.graph.nodes)
+
+
 @pytest.mark.parametrize("kind", ["treelstm", "childsum", "treernn"])
 def test_a_unions_gathers_of_one_value_are_one_gather_split_for_every_batch(kind):
     """Every level gathers its rows of ``W x``: one gather, split. Batches of other samples, subsets, a repeated
@@ -19,6 +25,7 @@ def test_a_unions_gathers_of_one_value_are_one_gather_split_for_every_batch(kind
     data, model, batched = traced_per_sample(kind, 12)
     assert_batches_match_eager(batched, model, data[::-1])
     assert _splits(batched) >= 1
+    assert _joined_index_inputs(batched) == 0   # a merged gather's index tensors come assembled as one input
     shallow = min(data, key=lambda sample: len(sample[0]))
     for batch in (data[:3], data[5:], [data[4]] * 2, [shallow]):
         assert_batches_match_eager(batched, model, batch)
