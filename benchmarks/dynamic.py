@@ -23,13 +23,18 @@ epoch, so that each system's steps run after its own, as in a training loop:
 
 Prints each epoch's seconds and the ratios to eager, the median of the epochs
 after the second (the steady state: no tracing or grouping), the batched
-module's report, and the largest difference between each system's weights and
-eager's after training (float32).
+module's report, the largest difference between each system's weights and
+eager's after training (float32), the median assembly time of a batch per
+node of its samples (tree nodes, atoms), and the process's resident memory
+before the model's run and after it (what the batched module keeps: every
+traced structure and the grouped union).
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
+import os
 import statistics
 import time
 from typing import Callable
@@ -122,10 +127,22 @@ def _epoch(systems: dict, optimizers: dict, data: list[tuple], targets: torch.Te
     return seconds
 
 
+def resident_mb() -> float:
+    """The process's resident memory now (Linux), else its peak so far, in MB."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10
+
+
 def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cpu") -> dict:
     import dynamo_relational
 
     torch.manual_seed(0)
+    gc.collect()
+    resident_before = resident_mb()
     data = [(structure, x.to(device)) for structure, x in dataset(kind, samples)]
     targets = torch.randn(samples, device=device)
     eager = MODELS[kind][0](data[0][1].shape[1]).to(device)
@@ -151,6 +168,12 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
               "weight_diff": {name: max((a - b).abs().max().item() for a, b in zip(eager.parameters(), m.parameters()))
                               for name, (m, _) in systems.items() if name != "eager"}}
     result["steady_ratio"] = {name: result["steady_s"]["eager"] / s for name, s in result["steady_s"].items()}
+    gc.collect()
+    result["resident_mb"] = (resident_before, resident_mb())
+    report = result["report"]
+    nodes_per_batch = statistics.mean(len(structure) for structure, _ in data) * batch_size
+    result["assembly_us_per_node"] = statistics.median(report.assembly_seconds) * 1e6 / nodes_per_batch \
+        if report.assembly_seconds else float("nan")
     return result
 
 
@@ -171,7 +194,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         steady = "  ".join(f"{name} {s:.2f} s ({result['steady_ratio'][name]:.1f}x)"
                            for name, s in result["steady_s"].items())
         diffs = ", ".join(f"{name} {d:.1e}" for name, d in result["weight_diff"].items())
-        print(f"{kind}: steady epochs: {steady}; largest weight difference to eager: {diffs}")
+        print(f"{kind}: steady epochs: {steady}; largest weight difference to eager: {diffs}; "
+              f"assembly per node of a batch's samples, median: {result['assembly_us_per_node']:.2f} us; "
+              "resident memory before / after: {:.0f} / {:.0f} MB".format(*result["resident_mb"]))
         print("\n".join("    " + line for line in str(result["report"]).splitlines()), flush=True)
         results.append(result)
     return results
