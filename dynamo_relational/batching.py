@@ -278,7 +278,7 @@ class BatchedModule(nn.Module):
             for i, result in zip(held, self._run(union, [keys[i] for i in held], [tensors[i] for i in held])):
                 results[i] = result
         for i in sorted(set(range(len(samples))) - set(held)):
-            results[i] = traced[i][0] if i in traced else self.model(*samples[i])
+            results[i] = self._called(samples, i, traced)
         self.report.eager_samples += len(samples) - len(held)
         return results
 
@@ -420,7 +420,11 @@ class BatchedModule(nn.Module):
         if reason != self.report.unbatched_reason:
             self.report.unbatched_reason = reason
             log.warning("relational: batch runs its samples one by one with the model: %s", reason)
-        return [traced[i][0] if i in traced else self.model(*sample) for i, sample in enumerate(samples)]
+        return [self._called(samples, i, traced) for i in range(len(samples))]
+
+    def _called(self, samples: list[tuple], i: int, traced: dict[int, tuple]) -> Any:
+        """Sample ``i``'s result from the model itself, or from its trace, which was the model's call."""
+        return traced[i][0] if i in traced else self.model(*samples[i])
 
 
 def _grouped(union, options: Options) -> tuple[fx.GraphModule, dict]:
