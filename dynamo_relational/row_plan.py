@@ -516,9 +516,13 @@ class _Analysis:
         data = list(graph.find_nodes(op="placeholder"))
         last = data[-1] if data else None
         # a merged gather's index tensors are one input, their entries joined (no torch.cat of them per batch)
-        spans = [len(self._joined_indices[gather]) if gather in self._joined_indices else 1
-                 for k, (gather, _, _) in enumerate(self.indices)
-                 if k == 0 or gather is not self.indices[k - 1][0] or gather not in self._joined_indices]
+        spans: list[int] = []
+        for k, (gather, _, _) in enumerate(self.indices):
+            joined = self._joined_indices.get(gather)
+            if joined is None:
+                spans.append(1)
+            elif k == 0 or self.indices[k - 1][0] is not gather:   # (its first part counts them all)
+                spans.append(len(joined))
         index_inputs: list[fx.Node] = []
         size_inputs: list[fx.Node] = []
         for name, inputs, count in (("index", index_inputs, len(spans)), ("size", size_inputs, len(self.sizes))):
