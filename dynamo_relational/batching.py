@@ -106,6 +106,8 @@ class BatchReport:
     grouping_seconds: float = 0.0
     #: per batch run from a union: seconds to key the samples and compute its index tensors
     assembly_seconds: list[float] = field(default_factory=list)
+    #: FX nodes of the traced structures kept (for grouping them again): what memory grows with
+    kept_nodes: int = 0
     #: FX nodes of the current union before and after grouping
     union_nodes: tuple[int, int] = (0, 0)
     #: groups of the current union's schedule, and ED-Batch's lower bound on them (``explain()``'s quality)
@@ -119,7 +121,7 @@ class BatchReport:
         median = assembly[len(assembly) // 2] * 1e3 if assembly else float("nan")
         lines = [
             ("samples", self.samples), ("batches", self.batches), ("structures traced", self.structures),
-            ("unions grouped", self.groupings), ("union FX nodes before/after", "%d / %d" % self.union_nodes),
+            ("FX nodes kept of the traced structures", self.kept_nodes), ("unions grouped", self.groupings), ("union FX nodes before/after", "%d / %d" % self.union_nodes),
             ("union groups / lower bound", "%d / %d" % self.union_groups),
             ("union code variants (ops, fewest-most)", "%d (%d-%d)" % self.union_code),
             ("samples run eagerly (structure new to the union)", self.eager_samples),
@@ -326,6 +328,8 @@ class BatchedModule(nn.Module):
                     results[i] = result
                 progress.step()
         self.report.structures += len(new)
+        self.report.kept_nodes = sum(len(s.graph.graph.graph.nodes) for cache in self._caches.values()
+                                     for s in cache.structures.values() if s.graph is not None)
         self.report.trace_seconds += time.perf_counter() - start
         return set(new), results
 

@@ -26,12 +26,16 @@ def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind):
         random.Random(epoch).shuffle(order)
         for i in range(0, len(order), 6):   # the first epoch traces: new structures run eagerly
             assert_batches_match_eager(batched, model, [data[j] for j in order[i:i + 6]], through_union=epoch > 0)
+        if epoch == 0:
+            first_epoch_nodes = batched.report.kept_nodes
         if epoch == 1:
-            second_epoch = (batched.report.structures, batched.report.groupings)
+            second_epoch = (batched.report.structures, batched.report.groupings, batched.report.kept_nodes)
     report = batched.report
     assert report.unbatched == 0, report.unbatched_reason
     assert report.structures == len(data) and report.groupings <= 2
-    assert (report.structures, report.groupings) == second_epoch   # nothing traced or grouped in epoch 3
+    # nothing traced or grouped in epoch 3; what is kept is every structure's trace, and no more after epoch 1
+    assert (report.structures, report.groupings, report.kept_nodes) == second_epoch
+    assert report.kept_nodes == first_epoch_nodes >= report.structures
 
 
 def test_values_every_sample_computes_alike_are_computed_once_in_the_union():
