@@ -121,7 +121,8 @@ class BatchReport:
         median = assembly[len(assembly) // 2] * 1e3 if assembly else float("nan")
         lines = [
             ("samples", self.samples), ("batches", self.batches), ("structures traced", self.structures),
-            ("FX nodes kept of the traced structures", self.kept_nodes), ("unions grouped", self.groupings), ("union FX nodes before/after", "%d / %d" % self.union_nodes),
+            ("FX nodes kept of the traced structures", self.kept_nodes), ("unions grouped", self.groupings),
+            ("union FX nodes before/after", "%d / %d" % self.union_nodes),
             ("union groups / lower bound", "%d / %d" % self.union_groups),
             ("union code variants (ops, fewest-most)", "%d (%d-%d)" % self.union_code),
             ("samples run eagerly (structure new to the union)", self.eager_samples),
