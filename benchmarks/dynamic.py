@@ -25,7 +25,10 @@ Prints each epoch's seconds and the ratios to eager, the median of the epochs
 after the second (the steady state: no tracing or grouping), the batched
 module's report, the largest difference between each system's weights and
 eager's after training (float32), the median assembly time of a batch per
-node of its samples (tree nodes, atoms), and the process's resident memory
+node of its samples (tree nodes, atoms) in training and then over the last
+epoch's batches again under ``torch.no_grad()`` (in training, the first
+allocation after a step also does the allocator's work for the memory the
+step's backward freed), and the process's resident memory
 before the model's run and after it (what the batched module keeps: every
 traced structure and the grouped union).
 """
@@ -170,11 +173,21 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     result["steady_ratio"] = {name: result["steady_s"]["eager"] / s for name, s in result["steady_s"].items()}
     gc.collect()
     result["resident_mb"] = (resident_before, resident_mb())
-    report = result["report"]
     nodes_per_batch = statistics.mean(len(structure) for structure, _ in data) * batch_size
-    result["assembly_us_per_node"] = statistics.median(report.assembly_seconds) * 1e6 / nodes_per_batch \
-        if report.assembly_seconds else float("nan")
+    batched = systems["batched"][1]
+    result["assembly_us_per_node"] = _median_us(batched.report.assembly_seconds) / nodes_per_batch
+    # and the last epoch's batches under no_grad: in training, the first allocation after a step also does the
+    # allocator's work for the memory that the step's backward freed
+    trained = len(batched.report.assembly_seconds)
+    with torch.no_grad():
+        for chosen in batches(len(data), batch_size, epochs - 1):
+            batched([data[i] for i in chosen])
+    result["no_grad_assembly_us_per_node"] = _median_us(batched.report.assembly_seconds[trained:]) / nodes_per_batch
     return result
+
+
+def _median_us(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1e6 if seconds else float("nan")
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -194,9 +207,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         steady = "  ".join(f"{name} {s:.2f} s ({result['steady_ratio'][name]:.1f}x)"
                            for name, s in result["steady_s"].items())
         diffs = ", ".join(f"{name} {d:.1e}" for name, d in result["weight_diff"].items())
+        training, no_grad = result["assembly_us_per_node"], result["no_grad_assembly_us_per_node"]
+        before, after = result["resident_mb"]
         print(f"{kind}: steady epochs: {steady}; largest weight difference to eager: {diffs}; "
-              f"assembly per node of a batch's samples, median: {result['assembly_us_per_node']:.2f} us; "
-              "resident memory before / after: {:.0f} / {:.0f} MB".format(*result["resident_mb"]))
+              f"assembly per node of a batch's samples, median: {training:.2f} us in training, {no_grad:.2f} us "
+              f"under torch.no_grad(); resident memory before / after: {before:.0f} / {after:.0f} MB")
         print("\n".join("    " + line for line in str(result["report"]).splitlines()), flush=True)
         results.append(result)
     return results

@@ -329,7 +329,7 @@ class BatchedModule(nn.Module):
                     results[i] = result
                 progress.step()
         self.report.structures += len(new)
-        self.report.kept_nodes = sum(len(s.graph.graph.graph.nodes) for cache in self._caches.values()
+        self.report.kept_nodes = sum(len(s.graph.records) for cache in self._caches.values()
                                      for s in cache.structures.values() if s.graph is not None)
         self.report.trace_seconds += time.perf_counter() - start
         return set(new), results
@@ -339,8 +339,7 @@ class BatchedModule(nn.Module):
         names = [f"arg{j}" for j in range(len(tensors))]
         traced = trace(call, tensors, names, live=True)
         try:
-            graph = prepare(traced.graph, traced.out_spec, traced.constants, [tuple(t.shape) for t in tensors],
-                            self.options)
+            graph = prepare(traced.graph, traced.out_spec, traced.constants, self.options)
         except NotBatchable as e:
             return _Structure(None, str(e)), traced.result
         return _Structure(graph), traced.result

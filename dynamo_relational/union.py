@@ -3,8 +3,9 @@
 ``dynamo_relational.batch`` traces a model written for one sample once per
 sample structure. Each trace first runs the passes that need the sample
 alone (:data:`SAMPLE_PASSES`: in-place rewrites, aggregation, CSE), then
-:func:`build` copies the traces into one graph, whose grouping
-(:data:`UNION_PASSES`) vectorizes all samples at once:
+:func:`build` copies the traces (kept as compact records, not fx nodes)
+into one graph, whose grouping (:data:`UNION_PASSES`) vectorizes all samples
+at once:
 
 * the tensor arguments at one position become one input (``torch.cat`` of the
   samples' tensors along dim 0, or ``torch.stack`` of 0-d ones); a sample's
@@ -62,29 +63,65 @@ class NotBatchable(Exception):
     """Why a set of samples cannot run as one union (the batch runs its samples one by one instead)."""
 
 
+_NO_KWARGS: dict[str, Any] = fx.immutable_collections.immutable_dict()
+
+
+class _Slot(int):
+    """In a :class:`SampleGraph`'s records, an argument that is the value of the record at this position."""
+    __slots__ = ()
+
+
 @dataclass
 class SampleGraph:
-    """One sample structure's trace, after :data:`SAMPLE_PASSES`."""
-    graph: fx.GraphModule
+    """One sample structure's trace, after :data:`SAMPLE_PASSES`, kept compact: a batched module keeps every
+    structure it traced, and an ``fx.Node`` with its tables costs several times a tuple of its fields.
+    :func:`build` copies the records into the union's graph."""
+    #: per node: (op, target, args, kwargs, name, meta items), each node argument the :class:`_Slot` of its record
+    records: tuple[tuple, ...]
+    #: the values of its ``get_attr`` targets
+    attrs: dict[str, Any]
     out_spec: pytree.TreeSpec
     #: output leaves that are not tensors, by leaf position
     constants: dict[int, Any]
-    #: the shapes of its tensor arguments, in order
-    input_shapes: tuple[tuple[int, ...], ...]
+    #: its tensor arguments' shapes, dtypes and devices, in order
+    inputs: tuple[TensorInfo, ...]
     #: the shapes of its tensor output leaves, in order
     output_shapes: tuple[tuple[int, ...], ...]
 
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(info.shape for info in self.inputs)
+
 
 def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any],
-            input_shapes: Sequence[tuple[int, ...]], options: Options) -> SampleGraph:
+            options: Options) -> SampleGraph:
     """A sample's trace after :data:`SAMPLE_PASSES`; :class:`NotBatchable` if they must keep its order."""
     ctx = PassContext(options)
     graph = run_passes(SAMPLE_PASSES, graph, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the sample's graph keeps its order: {ctx.keep_order[0]}")
+    attrs = {str(n.target): _attribute(graph, str(n.target)) for n in graph.graph.find_nodes(op="get_attr")}
+    inputs = tuple(_tensor_info(n) for n in graph.graph.find_nodes(op="placeholder"))
     output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
     shapes = tuple(_tensor_info(leaf).shape for leaf in output.args[0])
-    return SampleGraph(graph, out_spec, constants, tuple(tuple(s) for s in input_shapes), shapes)
+    return SampleGraph(_records(graph.graph), attrs, out_spec, constants, inputs, shapes)
+
+
+def _records(graph: fx.Graph) -> tuple[tuple, ...]:
+    """``graph``'s nodes as :attr:`SampleGraph.records`."""
+    slots: dict[fx.Node, _Slot] = {}
+    metas: dict[tuple, tuple] = {}   # the nodes of one source line and shape share their meta
+    records = []
+    for node in graph.nodes:
+        meta = tuple(node.meta.items())
+        try:
+            meta = metas.setdefault(meta, meta)
+        except TypeError:   # (an unhashable meta value)
+            pass
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), slots.__getitem__)
+        records.append((node.op, node.target, args, kwargs or _NO_KWARGS, node.name, meta))
+        slots[node] = _Slot(len(slots))
+    return tuple(records)
 
 
 @dataclass
@@ -113,8 +150,7 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
         raise NotBatchable("samples return differently structured results or take different tensor arguments")
     inputs_layout = tuple(input_layout([s.input_shapes[j] for s in samples], j) for j in range(arity.pop()))
     for j in range(len(inputs_layout)):
-        kinds = {(info.dtype, info.device) for info in
-                 (_tensor_info(s.graph.graph.find_nodes(op="placeholder")[j]) for s in samples)}
+        kinds = {(s.inputs[j].dtype, s.inputs[j].device) for s in samples}
         if len(kinds) > 1:
             raise NotBatchable(f"tensor argument {j} has several dtypes or devices across samples: "
                                f"{sorted(map(str, kinds))[:3]}")
@@ -123,8 +159,7 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
     union_inputs = []
     for j, layout in enumerate(inputs_layout):
         node = graph.placeholder(f"input{j}")
-        example = samples[0].graph.graph.find_nodes(op="placeholder")[j]
-        row = _tensor_info(example)
+        row = samples[0].inputs[j]
         rows = sum(s.input_shapes[j][0] if layout == "cat" else 1 for s in samples)
         rest = row.shape[1:] if layout == "cat" else ()
         node.meta["rel_info"] = TensorInfo((rows, *rest), row.dtype, row.device)
@@ -166,93 +201,93 @@ class _Shared:
     #: the parameters' nodes and the values of ``computed``
     nodes: set[fx.Node] = field(default_factory=set)
 
-    def attribute(self, graph: fx.Graph, sample: SampleGraph, s: int, node: fx.Node) -> fx.Node:
-        """The union's node for ``get_attr`` ``node`` of sample ``s``: a parameter's is shared, a constant's
-        the sample's own."""
-        target = cast(str, node.target)   # (a get_attr node's target is a name)
+    def attribute(self, graph: fx.Graph, sample: SampleGraph, s: int, target: str, meta: tuple) -> fx.Node:
+        """The union's node for sample ``s``'s ``get_attr`` of ``target`` (with ``meta``): a parameter's is
+        shared, a constant's the sample's own."""
         param = target in self.params
         name = target if param else f"_sample{s}_{target.replace('.', '_')}"
         if name not in self.attr_nodes:
-            self.attrs[name] = self.params[name] if param else _attribute(sample.graph, target)
+            self.attrs[name] = self.params[name] if param else sample.attrs[target]
             self.attr_nodes[name] = graph.get_attr(name)
-            self.attr_nodes[name].meta.update(node.meta)
+            self.attr_nodes[name].meta.update(meta)
             if param:
                 self.nodes.add(self.attr_nodes[name])
         return self.attr_nodes[name]
 
-    def key(self, node: fx.Node, args: tuple, kwargs: dict) -> Hashable | None:
+    def key(self, node: fx.Node) -> Hashable | None:
         """What identifies ``node``'s value if CSE would merge it (equal keys, equal values) and it is an op of
         the catalog on shared values alone or a deterministic factory (a leaf's ``torch.zeros(1, d)``), else
         None."""
-        inputs: list[fx.Node] = []
-        fx.node.map_arg((args, kwargs), inputs.append)
+        inputs = node.all_input_nodes
         if any(a not in self.nodes for a in inputs) or \
                 not (is_factory(node) if not inputs else REGISTRY.family_of(node) is not None):
             return None
-        return value_key(node, args, kwargs)
+        return value_key(node, node.args, node.kwargs)
 
 
 def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: list[fx.Node], layouts: tuple[str, ...],
                  offsets: list[int], shared: _Shared) -> list[fx.Node]:
     """Copy sample ``s`` into ``graph``; returns its output leaves there."""
-    env: dict[fx.Node, fx.Node] = {}
-    placeholders: dict[fx.Node, int] = {}
+    env: list[fx.Node | None] = []   # by record
+    placeholders: dict[int, int] = {}   # record -> argument position
     whole: dict[int, fx.Node] = {}
-    output = next(iter(reversed(sample.graph.graph.nodes)))
-    results = set(output.args[0])
+    results = set(sample.records[-1][2][0])   # (the output's)
 
-    def value(node: fx.Node) -> fx.Node:
-        j = placeholders.get(node)
+    def value(arg: Any) -> Any:
+        if type(arg) is not _Slot:
+            return arg
+        j = placeholders.get(arg)
         if j is None:
-            return env[node]
+            return env[arg]
         if j not in whole:   # the sample's whole argument: its rows of the union's input
             n = sample.input_shapes[j][0] if layouts[j] == "cat" else None
             index = slice(offsets[j], offsets[j] + n) if n is not None else offsets[j]
             whole[j] = graph.call_function(operator.getitem, (union_inputs[j], index))
-            whole[j].meta.update(node.meta)
+            whole[j].meta.update(sample.records[arg][5])
             whole[j].meta[SAMPLE] = s
         return whole[j]
 
-    for node in sample.graph.graph.nodes:
-        if node.op == "placeholder":
-            placeholders[node] = len(placeholders)
-        elif node.op == "get_attr":
-            env[node] = shared.attribute(graph, sample, s, node)
-        elif node.op == "output":
-            return [env[leaf] for leaf in node.args[0]]
+    for i, (op, target, args, kwargs, name, meta) in enumerate(sample.records):
+        if op == "placeholder":
+            placeholders[i] = len(placeholders)
+            env.append(None)
+            continue
+        if op == "get_attr":
+            env.append(shared.attribute(graph, sample, s, target, meta))
+            continue
+        if op == "output":
+            return [value(leaf) for leaf in args[0]]
+        row = _row_read(op, target, args, kwargs, placeholders, layouts, sample, offsets)
+        if row is not None:
+            j, index = row
+            new = graph.call_function(operator.getitem, (union_inputs[j], index), name=f"{name}_s{s}")
         else:
-            row = _row_read(node, placeholders, layouts, sample, offsets)
-            key = None
-            if row is not None:
-                j, index = row
-                new = graph.call_function(operator.getitem, (union_inputs[j], index), name=f"{node.name}_s{s}")
-            else:
-                args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
-                key = shared.key(node, args, kwargs) if node not in results else None
-                if key is not None and key in shared.computed:   # another sample's: now of no one sample
-                    env[node] = shared.computed[key]
-                    env[node].meta.pop(SAMPLE, None)
-                    continue
-                # (a name of its own: fx's search for a free one grows with the copies of the same name)
-                new = graph.create_node(node.op, node.target, (), {}, name=f"{node.name}_s{s}")
-                new.args, new.kwargs = args, kwargs   # (set after creation: unscanned, fast)
-            new.meta.update(node.meta)
-            new.meta[SAMPLE] = s
-            if key is not None:
-                shared.computed[key] = new
-                shared.nodes.add(new)
-            env[node] = new
+            # (a name of its own: fx's search for a free one grows with the copies of the same name)
+            new = graph.create_node(op, target, (), {}, name=f"{name}_s{s}")
+            new.args, new.kwargs = fx.node.map_aggregate((args, kwargs), value)   # (unscanned: fast)
+        new.meta.update(meta)
+        key = shared.key(new) if row is None and i not in results else None
+        if key is not None and key in shared.computed:   # another sample's: now of no one sample
+            graph.erase_node(new)
+            env.append(shared.computed[key])
+            shared.computed[key].meta.pop(SAMPLE, None)
+            continue
+        new.meta[SAMPLE] = s
+        if key is not None:
+            shared.computed[key] = new
+            shared.nodes.add(new)
+        env.append(new)
     raise AssertionError("a traced graph ends with its output")
 
 
-def _row_read(node: fx.Node, placeholders: dict[fx.Node, int], layouts: tuple[str, ...], sample: SampleGraph,
-              offsets: list[int]) -> tuple[int, Any] | None:
-    """``(position, index into the union's input)`` where ``node`` reads one row of a tensor argument
+def _row_read(op: str, target: Any, args: tuple, kwargs: dict, placeholders: dict[int, int], layouts: tuple[str, ...],
+              sample: SampleGraph, offsets: list[int]) -> tuple[int, Any] | None:
+    """``(position, index into the union's input)`` where a record reads one row of a tensor argument
     (``x[v]``, ``x[v, :4]``); None otherwise."""
-    if node.op != "call_function" or node.target is not operator.getitem or node.kwargs:
+    if op != "call_function" or target is not operator.getitem or kwargs:
         return None
-    base, index = node.args
-    j = placeholders.get(base) if isinstance(base, fx.Node) else None
+    base, index = args
+    j = placeholders.get(base) if type(base) is _Slot else None
     if j is None or layouts[j] != "cat":
         return None
     first, rest = (index[0], index[1:]) if type(index) is tuple and index else (index, None)

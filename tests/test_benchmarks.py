@@ -221,6 +221,7 @@ def test_dynamic_benchmark_trains_batched_and_by_hand_as_eager():
     assert result["report"].unbatched == 0 and result["report"].structures == 12
     assert len(result["epochs"]) == 3 and all(r > 0 for r in result["steady_ratio"].values())
     assert result["assembly_us_per_node"] > 0 and min(result["resident_mb"]) > 0
+    assert result["no_grad_assembly_us_per_node"] > 0 and result["report"].structures == 12   # (no new traces)
 
 
 @pytest.mark.parametrize("kind", ["treelstm", "childsum"])
