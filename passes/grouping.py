@@ -133,7 +133,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             previous_alone = i
     depth = schedule.asap_depths(preds)
 
-    candidates = []
+    best: tuple | None = None   # (count, label, groups): only the best schedule is kept, each lists every unit
+    schedules = {}
     site_keys = _with_code_sites(keys, units) if opts.code_site_hint else None
     # The site-refined keys split each signature into one or more; where they split none (as many
     # distinct values), they are the same partition and every schedule without them is the same.
@@ -151,17 +152,21 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         sigs = site_keys if hint else keys
         for name in names:
             groups = schedule.merged(algorithms[name](preds, sigs, depth), preds, sigs)
-            candidates.append((len(groups), len(candidates), f"{name}{'+site' if hint else ''}", groups))
+            label = f"{name}{'+site' if hint else ''}"
+            schedules[label] = len(groups)
+            if best is None or len(groups) < best[0]:
+                best = (len(groups), label, groups)
             if len(groups) <= floor:
                 break
-        if candidates[-1][0] <= floor:
+        if len(groups) <= floor:
             break
-    count, _, chosen, groups = min(candidates)
+    assert best is not None
+    count, chosen, groups = best
     ctx.groups = [Group([units[i] for i in g], [ops[i] for i in g] if ops[g[0]] is not None else None)
                   for g in groups]
     ctx.stats.update(
         units=len(units), groups=count, schedule=chosen,
-        schedules={name: c for c, _, name, _ in candidates},
+        schedules=schedules,
         vectorizable=sum(1 for g in ctx.groups if g.ops and len(g.nodes) >= opts.min_group_size))
     if ctx.detailed:
         ctx.stats["lower_bound"] = schedule.lower_bound(preds, keys, depth)
