@@ -238,6 +238,26 @@ def test_a_result_read_as_a_whole_per_sample_runs_the_samples_one_by_one():
     assert batched.report.unbatched_reason and any(batched.report.unbatched_reason in m for m in messages)
 
 
+class ReturnsItsArgument(nn.Module):
+    def __init__(self, features: int):
+        super().__init__()
+        self.linear = nn.Linear(features, 2)
+
+    def forward(self, x):
+        return x, self.linear(x[0])
+
+
+def test_a_sample_that_returns_its_tensor_argument_runs_one_by_one_as_eager():
+    """A result that is the argument itself is read as a whole: the union cannot restrict it, and says so."""
+    model = ReturnsItsArgument(3).double()
+    data = [(torch.randn(rows, 3, dtype=torch.float64),) for rows in (2, 3, 2, 4)]
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    with warnings_logged() as messages:
+        assert_batches_match_eager(batched, model, data[::-1], through_union=False)
+    assert "as a whole" in batched.report.unbatched_reason and any("as a whole" in m for m in messages)
+
+
 class RootState(TreeLSTM):
     """The root's ``(h, c)``, or with ``nodes``, the states of the first and last node: several results of
     one shape per sample."""
