@@ -225,10 +225,11 @@ class Assembly:
         csr = self._packed(read[selected:], read_counts[selects:], lengths[:counted], row_counts[:reduces], size)
         for slot, t in zip(self.reduce_slots, csr):
             tensors[slot] = t
-        segment_counts = row_counts[reduces:]
-        for slot, t in zip(self.segment_slots,
-                           self._cut(_offsets(lengths[counted:], segment_counts), segment_counts + 1)):
-            tensors[slot] = t
+        if self.segments:
+            segment_counts = row_counts[reduces:]
+            for slot, t in zip(self.segment_slots,
+                               self._cut(_offsets(lengths[counted:], segment_counts), segment_counts + 1)):
+                tensors[slot] = t
         return tensors + size[self.sizes].tolist()
 
     def _packed(self, index: numpy.ndarray, nnz: numpy.ndarray, lengths: numpy.ndarray, rows: numpy.ndarray,
@@ -267,7 +268,10 @@ class Assembly:
 
     def _cut(self, buffer: numpy.ndarray, lengths: numpy.ndarray) -> Sequence[torch.Tensor]:
         """``buffer`` on the union's device, cut into views of ``lengths``."""
-        return torch.from_numpy(buffer).to(self.device, non_blocking=True).split(lengths.tolist())
+        joined = torch.from_numpy(buffer)
+        if self.device.type != "cpu":
+            joined = joined.to(self.device, non_blocking=True)
+        return joined.split(lengths.tolist())
 
 
 def _joined(parts: list[tuple], samples: int, names: tuple[str, ...]) -> _Stream:
