@@ -3,6 +3,7 @@ sample by sample equal to eager (outputs and gradients), with no tracing or grou
 from __future__ import annotations
 
 import copy
+import operator
 import dataclasses
 import random
 from operator import getitem
@@ -59,6 +60,22 @@ def test_a_kept_structure_holds_its_trace_as_records_not_fx_nodes(kind):
                 reached.extend(getattr(obj, f.name) for f in dataclasses.fields(obj))
     assert batched.report.kept_nodes == sum(len(s.graph.records) for s in batched._cache.structures.values())
     assert_batches_match_eager(batched, model, data[::-1])
+
+
+def test_records_share_equal_metadata_and_keep_unhashable_metadata():
+    from dynamo_relational.union import _records
+
+    graph = fx.symbolic_trace(lambda x: torch.relu(x) + torch.relu(x)).graph
+    relus = graph.find_nodes(op="call_function", target=torch.relu)
+    add = next(n for n in graph.nodes if n.target is operator.add)
+    for node in relus:
+        node.meta["stack_trace"] = "line 1"
+    add.meta["note"] = ["a list"]   # (cannot be hashed)
+    records = {record[4]: record for record in _records(graph)}
+    first, second = (records[node.name] for node in relus)
+    assert first[5] is second[5] and first[5] == (("stack_trace", "line 1"),)
+    assert dict(records[add.name][5]) == {"note": ["a list"]}
+    assert records[add.name][2] == tuple(list(records).index(node.name) for node in relus)   # record positions
 
 
 def test_values_every_sample_computes_alike_are_computed_once_in_the_union():
