@@ -47,9 +47,12 @@ def frames(stop: FrameType | None) -> list[Frame]:
 
 def innermost_frame(stop: FrameType | None) -> Frame | None:
     frame: FrameType | None = sys._getframe(1)
+    known = _internal_code.get   # (inlined :func:`_is_internal`: the tracer walks these frames for every op)
     while frame is not None and frame is not stop:
-        if not _is_internal(frame.f_code):
-            return frame.f_code, frame.f_lineno
+        code = frame.f_code
+        internal = known(code)
+        if not (_is_internal(code) if internal is None else internal):
+            return code, frame.f_lineno
         frame = frame.f_back
     return None
 
