@@ -442,7 +442,7 @@ def _grouped(union, options: Options) -> tuple[fx.GraphModule, dict]:
 
 
 def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Tensor:
-    counts = [g.input_shapes[j][0] if layout == "cat" else 1 for g in graphs]
+    counts = [g.inputs[j].shape[0] if layout == "cat" else 1 for g in graphs]
     return torch.repeat_interleave(torch.arange(len(graphs)), torch.tensor(counts, dtype=torch.long))
 
 

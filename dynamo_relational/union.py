@@ -88,10 +88,6 @@ class SampleGraph:
     #: the shapes of its tensor output leaves, in order
     output_shapes: tuple[tuple[int, ...], ...]
 
-    @property
-    def input_shapes(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(info.shape for info in self.inputs)
-
 
 def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any],
             options: Options) -> SampleGraph:
@@ -145,10 +141,10 @@ def input_layout(shapes: Sequence[tuple[int, ...]], position: int) -> str:
 
 def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tuple[fx.GraphModule, Layout]:
     """The union of ``samples`` (in order) as one ungrouped graph over the model's ``params``."""
-    arity = {len(s.input_shapes) for s in samples}
+    arity = {len(s.inputs) for s in samples}
     if len({str(s.out_spec) for s in samples}) > 1 or len(arity) > 1:
         raise NotBatchable("samples return differently structured results or take different tensor arguments")
-    inputs_layout = tuple(input_layout([s.input_shapes[j] for s in samples], j) for j in range(arity.pop()))
+    inputs_layout = tuple(input_layout([s.inputs[j].shape for s in samples], j) for j in range(arity.pop()))
     for j in range(len(inputs_layout)):
         kinds = {(s.inputs[j].dtype, s.inputs[j].device) for s in samples}
         if len(kinds) > 1:
@@ -160,7 +156,7 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
     for j, layout in enumerate(inputs_layout):
         node = graph.placeholder(f"input{j}")
         row = samples[0].inputs[j]
-        rows = sum(s.input_shapes[j][0] if layout == "cat" else 1 for s in samples)
+        rows = sum(s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples)
         rest = row.shape[1:] if layout == "cat" else ()
         node.meta["rel_info"] = TensorInfo((rows, *rest), row.dtype, row.device)
         union_inputs.append(node)
@@ -169,7 +165,7 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
     for s, sample in enumerate(samples):
         leaves.append(_copy_sample(graph, sample, s, union_inputs, inputs_layout, offsets, shared))
         for j, layout in enumerate(inputs_layout):
-            offsets[j] += sample.input_shapes[j][0] if layout == "cat" else 1
+            offsets[j] += sample.inputs[j].shape[0] if layout == "cat" else 1
     outputs_layout = []
     outputs = []
     consumed: list[fx.Node] = []
@@ -240,7 +236,7 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
         if j is None:
             return env[arg]
         if j not in whole:   # the sample's whole argument: its rows of the union's input
-            n = sample.input_shapes[j][0] if layouts[j] == "cat" else None
+            n = sample.inputs[j].shape[0] if layouts[j] == "cat" else None
             index = slice(offsets[j], offsets[j] + n) if n is not None else offsets[j]
             whole[j] = graph.call_function(operator.getitem, (union_inputs[j], index))
             whole[j].meta.update(sample.records[arg][5])
@@ -291,7 +287,7 @@ def _row_read(op: str, target: Any, args: tuple, kwargs: dict, placeholders: dic
     if j is None or layouts[j] != "cat":
         return None
     first, rest = (index[0], index[1:]) if type(index) is tuple and index else (index, None)
-    n = sample.input_shapes[j][0]
+    n = sample.inputs[j].shape[0]
     if type(first) is not int or not -n <= first < n:
         return None
     row = offsets[j] + first % n
