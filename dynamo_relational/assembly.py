@@ -145,10 +145,6 @@ class Assembly:
                  spans: Sequence[int] | None = None):
         self.values = values = _Values(samples)
         kinds = [index.kind for index in indices]
-        #: index tensors numbered family by family: selects, then CSR reductions, then segments
-        self.select = [i for i, k in enumerate(kinds) if k == "select"]
-        self.reduce = [i for i, k in enumerate(kinds) if k == "reduce"]
-        self.segments = [i for i, k in enumerate(kinds) if k == "segments"]
         spans = list(spans) if spans is not None else [1] * len(indices)
         first = numpy.cumsum(spans, dtype=numpy.int64) - spans
         if int(numpy.sum(spans)) != len(indices) or any(
@@ -157,6 +153,15 @@ class Assembly:
         self.inputs = len(spans)
         #: the graph input of each family member that starts one (a select, or a span of them)
         slot_of = {int(f): slot for slot, f in enumerate(first)}
+        #: (input, input of an equal index tensor): an index tensor that every batch restricts as an earlier one
+        #: is computed once (the layers of a GNN gather along one adjacency)
+        equal = _equal_to_earlier(indices, [int(f) for f, span in zip(first, spans) if span == 1])
+        self.copies = [(slot_of[i], slot_of[j]) for i, j in equal.items()]
+        copied = set(equal)
+        #: index tensors numbered family by family: selects, then CSR reductions, then segments
+        self.select = [i for i, k in enumerate(kinds) if k == "select" and i not in copied]
+        self.reduce = [i for i, k in enumerate(kinds) if k == "reduce" and i not in copied]
+        self.segments = [i for i, k in enumerate(kinds) if k == "segments" and i not in copied]
         self.select_slots = [slot_of[i] for i in self.select if i in slot_of]
         self.select_starts = numpy.array([k for k, i in enumerate(self.select) if i in slot_of], dtype=numpy.int64)
         self.reduce_slots = [slot_of[i] for i in self.reduce]
@@ -230,6 +235,8 @@ class Assembly:
             for slot, t in zip(self.segment_slots,
                                self._cut(_offsets(lengths[counted:], segment_counts), segment_counts + 1)):
                 tensors[slot] = t
+        for slot, same in self.copies:
+            tensors[slot] = tensors[same]
         return tensors + size[self.sizes].tolist()
 
     def _packed(self, index: numpy.ndarray, nnz: numpy.ndarray, lengths: numpy.ndarray, rows: numpy.ndarray,
@@ -272,6 +279,22 @@ class Assembly:
         if self.device.type != "cpu":
             joined = joined.to(self.device, non_blocking=True)
         return joined.split(lengths.tolist())
+
+
+def _equal_to_earlier(indices: Sequence["GatherIndex"], candidates: list[int]) -> dict[int, int]:
+    """``{i: j}`` for each of ``candidates`` (positions in ``indices``, ascending) that every batch restricts as
+    the earlier candidate ``j`` (:meth:`~dynamo_relational.row_plan.GatherIndex.same_as`)."""
+    firsts: dict[tuple, list[int]] = {}
+    equal = {}
+    for i in candidates:
+        index = indices[i]
+        alike = firsts.setdefault((index.kind, index.out.rows, index.source_rows), [])
+        j = next((j for j in alike if indices[j].same_as(index)), None)
+        if j is None:
+            alike.append(i)
+        else:
+            equal[i] = j
+    return equal
 
 
 def _joined(parts: list[tuple], samples: int, names: tuple[str, ...]) -> _Stream:

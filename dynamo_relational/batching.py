@@ -208,6 +208,9 @@ class _Union:
 
     #: samples per batch when it was grouped: what the pruned code is made for
     batch_size: int = 1
+    #: every structure's result is one tensor (the graph's only output, no constants): a sample's result is
+    #: its part of that output
+    single_tensor: bool = False
 
     def __post_init__(self):
         self.ops = self.plan.ops_per_slot
@@ -374,7 +377,8 @@ class BatchedModule(nn.Module):
                 union, stats = _grouped(union, self.options)
                 owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
                 plan = analyse(union, owners, len(keys))
-                grouped = _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, batch_size)
+                single = all(g.out_spec.is_leaf() and not g.constants for g in graphs)
+                grouped = _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, batch_size, single)
         except (NotBatchable, Refused) as e:
             return str(e)
         finally:
@@ -409,6 +413,8 @@ class BatchedModule(nn.Module):
         outputs = union.run_for(batch)(*inputs, *arguments)
         per_output = [union.plan.split(batch, j, value, layout == "stack")
                       for j, (value, layout) in enumerate(zip(outputs, union.layout.outputs))]
+        if union.single_tensor:
+            return list(per_output[0])
         results = []
         for b, k in enumerate(keys):
             graph = self._graph(k)
@@ -457,40 +463,71 @@ def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
     device. ``TypeError`` for what it cannot compare, and for a tensor inside an object, which tracing
     would freeze."""
     tensors: list[torch.Tensor] = []
-    seen: dict[int, int] = {}
+    key: list[Hashable] = []
+    walk = None
+    for i, arg in enumerate(sample):   # the common arguments first, without the walk's bookkeeping
+        kind = type(arg)
+        if kind is torch.Tensor:
+            tensors.append(arg)
+            key.append(("tensor", tuple(arg.shape), arg.dtype, arg.device))
+            continue
+        if kind is list or kind is tuple:
+            found = _int_lists(arg)
+            if found is not None:
+                key.append(found)
+                continue
+        walk = walk or _Walk(tensors)
+        key.append(walk(arg, f"argument {i}", False))
+    return tuple(key), tensors
 
-    def walk(x: Any, path: str, inside_object: bool) -> Hashable:
+
+def _int_lists(x: list | tuple) -> Hashable | None:
+    """The key of a list (or tuple) of ints, or of lists (tuples) of ints: neighbour and children lists."""
+    types = set(map(type, x))
+    if types <= _INT:
+        return type(x), tuple(x)
+    if types == _LIST or types == _TUPLE:
+        flat = [*map(len, x), *chain.from_iterable(x)]
+        if set(map(type, flat)) <= _INT:   # (one flat tuple: compared item by item without recursion)
+            return type(x), types.pop(), len(x), tuple(flat)
+    return None
+
+
+class _Walk:
+    """:func:`fingerprint`'s walk through any argument; objects are numbered where first seen."""
+
+    def __init__(self, tensors: list[torch.Tensor]):
+        self.tensors = tensors
+        self.seen: dict[int, int] = {}
+
+    def __call__(self, x: Any, path: str, inside_object: bool) -> Hashable:
         kind = type(x)
         if kind in _ATOMS:
             return x if kind is int or kind is str else (kind, x)
         if kind is list or kind is tuple:
-            types = set(map(type, x))
-            if types <= _INT:   # a neighbour or children list
-                return kind, tuple(x)
-            if (types == _LIST or types == _TUPLE) and set(map(type, chain.from_iterable(x))) <= _INT:
-                return kind, "lists of ints", types.pop(), tuple(map(tuple, x))   # all of them: the common case
-            return kind, tuple([walk(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
+            found = _int_lists(x)
+            if found is not None:
+                return found
+            return kind, tuple([self(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
         if isinstance(x, torch.Tensor):
             if inside_object:
                 raise TypeError(f"a tensor at {path} is held by a Python object: tracing would freeze its values. "
                                 "Pass it as an argument (or in a list, tuple or dict argument)")
-            tensors.append(x)
+            self.tensors.append(x)
             return "tensor", tuple(x.shape), x.dtype, x.device
         if kind is dict:
-            return kind, tuple([(k, walk(v, f"{path}[{k!r}]", inside_object)) for k, v in x.items()])
+            return kind, tuple([(k, self(v, f"{path}[{k!r}]", inside_object)) for k, v in x.items()])
+        seen = self.seen
         if id(x) in seen:
             return "seen", seen[id(x)]
         seen[id(x)] = len(seen)
         if hasattr(x, "__dict__") and not isinstance(x, (nn.Module, type)) and not callable(x):
-            return kind, tuple([(k, walk(v, f"{path}.{k}", True)) for k, v in vars(x).items()])
+            return kind, tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()])
         if isinstance(x, numpy.ndarray):
             return "ndarray", x.dtype.str, x.shape, x.tobytes()
         if isinstance(x, numpy.generic):
             return kind, x.item()
         raise TypeError(f"the structure at {path} ({kind.__name__}) cannot be compared by value")
-
-    key = tuple([walk(arg, f"argument {i}", False) for i, arg in enumerate(sample)])
-    return key, tensors
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

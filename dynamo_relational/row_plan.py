@@ -189,6 +189,18 @@ class GatherIndex:
         if index is not None and source is not None:   # where each read row is among its sample's rows
             self.rank_at, self.leaf_at = source.rank[self.index], source.leaf_of[self.index]
 
+    def same_as(self, other: "GatherIndex") -> bool:
+        """Whether every batch restricts both to the same index tensor: equal entries, out rows laid out alike,
+        and sources whose rows are laid out alike (the layers of a GNN reading one adjacency)."""
+        def equal(a, b):
+            return a is b or (a is not None and b is not None and numpy.array_equal(a, b))
+        return (self.kind == other.kind and self.source_rows == other.source_rows and self.device == other.device
+                and self.out.same_as(other.out) and equal(self.index, other.index)
+                and (self.source is other.source or (self.source is not None and other.source is not None
+                                                     and self.source.same_as(other.source)))
+                and (self.kind == "select" or (equal(self.segment_start, other.segment_start)
+                                               and equal(self.segment_length, other.segment_length))))
+
 
 @dataclass
 class RowPlan:

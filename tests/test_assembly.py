@@ -128,3 +128,39 @@ def test_a_span_of_index_tensors_other_than_selects_is_refused():
     indices.sort(key=lambda index: index.kind)   # reduce, then select, then segments
     with pytest.raises(ValueError, match="selects only"):
         Assembly(indices, sizes, 3, [2] + [1] * (len(indices) - 2))
+
+
+def _alike(rows: Rows | None, samples: int) -> Rows | None:
+    """Another value whose rows are laid out as ``rows``' (the next layer's, over the same atoms)."""
+    if rows is None or isinstance(rows, SharedRows):
+        return rows
+    if isinstance(rows, CatRows):
+        return CatRows([_alike(leaf, samples) for leaf in rows.leaves])
+    return Rows(rows.owner.copy(), samples)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_an_index_tensor_that_every_batch_restricts_as_an_earlier_one_is_computed_once(seed):
+    """A later layer's gather along the same adjacency (equal entries, rows laid out alike) reuses the earlier
+    one's index tensor; one whose entries differ in a single read does not."""
+    rng = numpy.random.default_rng(seed)
+    samples = int(rng.integers(1, 6))
+    indices, sizes = random_union(rng, samples)
+    alike = [GatherIndex(i.kind, _alike(i.out, samples), _alike(i.source, samples), i.source_rows,
+                         None if i.kind == "select" else numpy.concatenate([i.segment_start, i.segment_start[-1:]
+                                                                            + i.segment_length[-1:]]),
+                         i.index, i.device) for i in indices]
+    changed = []
+    for i in indices:
+        if i.kind == "select" and i.source is None:   # (a shared source: any row may be read)
+            index = i.index.copy()
+            index[0] = (index[0] + 1) % i.source_rows
+            changed.append(GatherIndex("select", i.out, None, i.source_rows, None, index, i.device))
+    assembly = Assembly(indices + alike + changed, sizes, samples)
+    assert len(assembly.copies) == len(alike)
+    for batch in ([0], list(range(samples)), list(rng.integers(0, samples, 7))):
+        got = assembly.arguments(numpy.array(batch, dtype=numpy.int64))
+        for i in range(len(indices)):
+            assert got[len(indices) + i] is got[i]
+        for k, index in enumerate(changed):
+            torch.testing.assert_close(got[2 * len(indices) + k].long(), expected(index, batch), rtol=0, atol=0)
