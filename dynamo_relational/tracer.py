@@ -153,6 +153,7 @@ class Tracer(fx.Tracer):
         finally:
             self._stop = None
             self._values.clear()
+            self._attr_proxies.clear()   # (they point back at the tracer: a cycle for the collector to find)
 
     def _recorded(self, root: nn.Module) -> fx.Graph:
         """What ``fx.Tracer.trace`` does for a module, but its patches (:func:`tracing` installs them): a graph of
