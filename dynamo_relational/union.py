@@ -134,8 +134,8 @@ def _unlink(graph: fx.Graph) -> None:
             node._update_args_kwargs((), {})
         for node in nodes:
             node._remove_from_list()
-        graph._find_nodes_lookup_table = None
-        graph._graph_namespace = None
+        graph._find_nodes_lookup_table = type(graph._find_nodes_lookup_table)()   # (empty, as the graph now is)
+        graph._graph_namespace = type(graph._graph_namespace)()
         graph.owning_module = None
     except AttributeError:
         pass
