@@ -254,8 +254,9 @@ class Tracer(fx.Tracer):
         if name is None and kind in ("call_function", "call_method"):
             name = self._node_name(target)
         # Arguments are set after creation: Graph.create_node scans them for SymInts with a pytree
-        # walk (~15% of tracing time), and a trace with static shapes has none.
-        node = super().create_node(kind, target, (), {}, name, type_expr)
+        # walk (~15% of tracing time), and a trace with static shapes has none. (Not fx's
+        # TracerBase.create_node: its module scopes, preserved metadata and stack traces are not used.)
+        node = self.graph.create_node(kind, target, (), {}, name, type_expr)
         if args or kwargs:
             # What the args setter does, minus Node.__setattr__'s removal and reinsertion of the node in the
             # graph's table of nodes by op and target, which arguments do not change (~10% of tracing).
@@ -293,7 +294,7 @@ class Tracer(fx.Tracer):
         (``create_node`` calls it only where either may have changed.)"""
         grad = torch.is_grad_enabled()
         if grad is not self._grad_enabled:
-            fx.Tracer.create_node(self, "call_function", torch._C._set_grad_enabled, (grad,), {})
+            self.graph.create_node("call_function", torch._C._set_grad_enabled, (grad,), {})
             self._grad_enabled = grad
         if autocast_state() != self._autocast:
             raise FrontendError(f"autocast at {self.user_line()}\ndynamo_relational.compile does not "

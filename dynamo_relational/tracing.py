@@ -78,7 +78,6 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     constants = {i: leaf for i, leaf in enumerate(leaves) if not isinstance(leaf, fx.Node)}
     output.args = (tuple(tensors),)   # a flat tuple: what compile_fx expects, unflattened on the way out
     copy_mutated_constants(graph, tracer.attrs, attributes.held_ids())
-    tracer.node_name_to_scope.clear()   # fx's record of module scopes, unused here
     for node in graph.nodes:   # the passes read shapes only: keep those and free the values early
         if node.op != "get_attr":   # (constants keep theirs: the passes compare them)
             tensor_info(node)
