@@ -221,6 +221,8 @@ class _Union:
 
     def run_for(self, batch: Batch) -> Callable:
         """The code that skips the most ops of what ``batch`` leaves empty."""
+        if len(self.runs) == 1:   # (no value is left empty by enough batches: the molecules' unions)
+            return self.runs[0]
         empty = self.plan.empty_values(batch)
         skipped = numpy.where(~(self.pruned & ~empty).any(1), self.pruned @ self.ops, -1)
         return self.runs[int(skipped.argmax())]
