@@ -229,6 +229,8 @@ class Tracer(fx.Tracer):
             return tuple(self.create_arg(x) for x in a)
         if kind is dict and all(type(k) is str for k in a):
             return {k: self.create_arg(v) for k, v in a.items()}
+        if kind is slice:   # (rows and columns of a neuron's vector: iou[:hidden])
+            return slice(self.create_arg(a.start), self.create_arg(a.stop), self.create_arg(a.step))
         if isinstance(a, torch.Tensor):   # a parameter, buffer or constant tensor
             return self.create_node("get_attr", self._attr_name(a), (), {})
         if isinstance(a, (numpy.integer, numpy.floating)):
