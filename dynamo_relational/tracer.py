@@ -226,7 +226,7 @@ class Tracer(fx.Tracer):
         if kind is list:
             return [self.create_arg(x) for x in a]
         if kind is tuple:
-            return tuple(self.create_arg(x) for x in a)
+            return tuple([self.create_arg(x) for x in a])
         if kind is dict and all(type(k) is str for k in a):
             return {k: self.create_arg(v) for k, v in a.items()}
         if kind is slice:   # (rows and columns of a neuron's vector: iou[:hidden])
