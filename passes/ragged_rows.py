@@ -74,6 +74,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if ctx.keep_order:
         return gm
     graph = gm.graph
+    if not any(graph.find_nodes(op="call_function", target=join, sort=False) for join in _JOINS):
+        return gm   # (every ragged value starts at a join: a graph without one has none)
     ragged: dict[fx.Node, _Ragged] = {}
     reductions: list[tuple[fx.Node, fx.Node, str, bool]] = []
     for node in graph.nodes:
