@@ -157,11 +157,10 @@ class Assembly:
         #: is computed once (the layers of a GNN gather along one adjacency)
         equal = _equal_to_earlier(indices, [int(f) for f, span in zip(first, spans) if span == 1])
         self.copies = [(slot_of[i], slot_of[j]) for i, j in equal.items()]
-        copied = set(equal)
         #: index tensors numbered family by family: selects, then CSR reductions, then segments
-        self.select = [i for i, k in enumerate(kinds) if k == "select" and i not in copied]
-        self.reduce = [i for i, k in enumerate(kinds) if k == "reduce" and i not in copied]
-        self.segments = [i for i, k in enumerate(kinds) if k == "segments" and i not in copied]
+        self.select = [i for i, k in enumerate(kinds) if k == "select" and i not in equal]
+        self.reduce = [i for i, k in enumerate(kinds) if k == "reduce" and i not in equal]
+        self.segments = [i for i, k in enumerate(kinds) if k == "segments" and i not in equal]
         self.select_slots = [slot_of[i] for i in self.select if i in slot_of]
         self.select_starts = numpy.array([k for k, i in enumerate(self.select) if i in slot_of], dtype=numpy.int64)
         self.reduce_slots = [slot_of[i] for i in self.reduce]

@@ -471,7 +471,7 @@ def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
         kind = type(arg)
         if kind is torch.Tensor:
             tensors.append(arg)
-            key.append(("tensor", tuple(arg.shape), arg.dtype, arg.device))
+            key.append(_tensor_key(arg))
             continue
         if kind is list or kind is tuple:
             found = _int_lists(arg)
@@ -481,6 +481,11 @@ def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
         walk = walk or _Walk(tensors)
         key.append(walk(arg, f"argument {i}", False))
     return tuple(key), tensors
+
+
+def _tensor_key(t: torch.Tensor) -> Hashable:
+    """A tensor's part of a structure key: its shape, dtype and device, not its values."""
+    return "tensor", tuple(t.shape), t.dtype, t.device
 
 
 def _int_lists(x: list | tuple) -> Hashable | None:
@@ -516,7 +521,7 @@ class _Walk:
                 raise TypeError(f"a tensor at {path} is held by a Python object: tracing would freeze its values. "
                                 "Pass it as an argument (or in a list, tuple or dict argument)")
             self.tensors.append(x)
-            return "tensor", tuple(x.shape), x.dtype, x.device
+            return _tensor_key(x)
         if kind is dict:
             return kind, tuple([(k, self(v, f"{path}[{k!r}]", inside_object)) for k, v in x.items()])
         seen = self.seen
