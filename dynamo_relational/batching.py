@@ -15,11 +15,11 @@ compiling.
 
 A structure seen for the first time is traced, and until the union holds it
 its samples run with the model itself (eagerly). With gradients on, the trace
-of a new structure is its sample's call: the tracer computes every value from
-the sample's tensors and the model's own parameters and buffers, as the call
-would, so the model does not run a second time (unless the trace ran a random
-op, whose numbers tracing does not draw: the buffers it changed are put back
-and the model runs). When structures come back
+of a new structure is its sample's call: the call runs as in eager while each
+torch op it makes is recorded (:mod:`~dynamo_relational.recorder`), so the
+model does not run a second time (unless the recording gives up on code it
+cannot see in full: the structure is then traced from copies of the tensors).
+When structures come back
 (:data:`REGROUP_SHARE`), every structure seen is grouped as the new union, which
 then serves every batch: usually once, when the second epoch begins.
 

@@ -15,9 +15,11 @@ import torch
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 #: this package's modules on the stack between the tracer's ``trace`` call and user code, or under it
-_TRACING_MODULES = ("tracer", "value_proxy", "untraced_calls", "tracing_patches", "data_dependence", "source_lines")
+_TRACING_MODULES = ("tracer", "recorder", "value_proxy", "untraced_calls", "tracing_patches", "data_dependence",
+                    "source_lines")
 #: frames of the tracing machinery itself, never shown as user code
 _INTERNAL = (os.path.join(_TORCH_DIR, "fx") + os.sep, os.path.join(_TORCH_DIR, "overrides.py"),
+             os.path.join(_TORCH_DIR, "_tensor.py"),
              os.path.join(_TORCH_DIR, "nn", "modules", "module.py"),
              *(os.path.join(_PACKAGE_DIR, f"{name}.py") for name in _TRACING_MODULES))
 
@@ -66,6 +68,19 @@ def traceback_frames(error: BaseException) -> list[Frame]:
 def format_frame(code: CodeType, line: int) -> str:
     text = linecache.getline(code.co_filename, line).strip()
     return f'  File "{code.co_filename}", line {line}, in {code.co_name}\n    {text}\n'
+
+
+def formatted_frame(frame: Frame | None) -> str:
+    """``frame`` in Dynamo's ``stack_trace`` format (what the grouping's code-site hint reads); "" for none."""
+    if frame is None:
+        return ""
+    text = _formatted.get(frame)
+    if text is None:
+        text = _formatted[frame] = format_frame(*frame)
+    return text
+
+
+_formatted: dict[Frame, str] = {}
 
 
 def user_line(user_frames: list[Frame]) -> str:

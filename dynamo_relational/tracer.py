@@ -2,8 +2,7 @@
 
 How shapes are known during tracing: each node's value is computed by running its op eagerly (under
 ``no_grad``) on the values of its arguments, starting from copies of the example inputs, parameters and
-buffers (tracing ``live``: from the inputs, parameters and buffers themselves, in the caller's grad mode, so
-that the values are what an eager call computes, gradients and buffer updates included). For these tiny
+buffers. (:mod:`~dynamo_relational.recorder` records a call with gradients as it runs instead.) For these tiny
 per-neuron ops that costs a few microseconds, far less than meta tensors (300-500 us per op: their shape
 functions are Python references) or fake tensors (about 300 us). The values never reach
 Python control flow (:mod:`~dynamo_relational.value_proxy`, :mod:`~dynamo_relational.data_dependence`); they
@@ -38,7 +37,7 @@ from .errors import FrontendError
 from .ops.base import value_info
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress
 from .schemas import autocast_state
-from .source_lines import format_frame, frames, innermost_frame, traceback_frames, user_line
+from .source_lines import format_frame, formatted_frame, frames, innermost_frame, traceback_frames, user_line
 from .tracing_patches import tracing
 from .trial_runs import cuda_devices
 from .untraced_calls import RecordUntracedCalls, is_random, writes_untraced_tensor
@@ -48,7 +47,7 @@ _NO_TORCH_FUNCTION = torch._C.DisableTorchFunction
 _is_grad_enabled = torch.is_grad_enabled
 _is_autocast_enabled = torch._C._is_any_autocast_enabled
 _CALLS_AND_OUTPUT = frozenset(("call_function", "call_method", "output"))
-_PLAIN_TYPES = frozenset([int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+PLAIN_TYPES = frozenset([int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                           torch.memory_format])
 
 
@@ -66,9 +65,10 @@ def gc_paused() -> Iterator[None]:
 
 
 _TENSOR_METHODS: dict[Any, bool] = {}
+_TARGET_NAMES: dict[Any, str] = {}
 
 
-def _is_tensor_method(func: Callable) -> bool:
+def is_tensor_method(func: Callable) -> bool:
     """torch's ``is_tensor_method_or_property``, remembered per function (torch's enters a warnings context
     on every call: a few percent of tracing)."""
     try:
@@ -80,20 +80,36 @@ def _is_tensor_method(func: Callable) -> bool:
         return is_tensor_method_or_property(func)
 
 
+def node_name(graph: fx.Graph, target: Any) -> str:
+    """fx's name for nodes calling ``target`` (fx runs a regex per node; cached here)."""
+    try:
+        name = _TARGET_NAMES.get(target)
+    except TypeError:   # unhashable target
+        return graph._target_to_str(target)
+    if name is None:
+        name = _TARGET_NAMES[target] = graph._target_to_str(target)
+    return name
+
+
+def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict, name: str | None = None,
+             type_expr: Any = None) -> fx.Node:
+    """``graph.create_node`` for a trace's static shapes, faster: the arguments are set after creation, as
+    the args setter does, without Graph.create_node's pytree walk looking for SymInts (~15% of tracing) and
+    Node.__setattr__'s removal and reinsertion of the node in the graph's table by op and target, which
+    arguments do not change (~10%)."""
+    node = graph.create_node(kind, target, (), {}, name, type_expr)
+    if args or kwargs:
+        node._update_args_kwargs(args, kwargs)
+    return node
+
+
 class Tracer(fx.Tracer):
     """Traces through every module; each node's value is computed as it is recorded."""
 
     def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str],
                  progress: CompileProgress = NO_PROGRESS, record_random_ops: bool = False,
-                 record_factories: bool = False, live: bool = False):
+                 record_factories: bool = False):
         super().__init__()
-        #: compute the values from the inputs and the model's tensors themselves, with gradients
-        self.live = live
-        #: ``forward``'s result as computed while tracing ``live``
-        self.live_result: Any = None
-        #: whether a value was computed without drawing from the random generators (see :meth:`_value`): its
-        #: numbers are not the ones an eager call would draw
-        self.forked_random = False
         self.progress = progress
         #: record random ops, and tensor factories, called without a traced argument (:class:`RecordUntracedCalls`)
         self.record_random_ops, self.record_factories = record_random_ops, record_factories
@@ -111,12 +127,8 @@ class Tracer(fx.Tracer):
         for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
             self._names.setdefault(id(t), name)
             self.attrs.setdefault(name, t)
-        #: the model's parameters and buffers (the other get_attr targets are constants made while tracing)
-        self._model_tensors = frozenset(self.attrs)
         self._attr_nodes: dict[str, fx.Node] = {}
         self._attr_proxies: dict[str, fx.Proxy] = {}
-        self._stack_traces: dict[Any, str] = {}
-        self._target_names: dict[Any, str] = {}
         self._check = RejectDataDependentOps()
         #: custom autograd.Function subclass -> the function its recorded calls call (recording_autograd_functions)
         self.appliers: dict[type, Callable] = {}
@@ -169,12 +181,6 @@ class Tracer(fx.Tracer):
             self.submodule_paths = None
         return self.graph
 
-    @property
-    def call_result(self) -> tuple | None:
-        """``forward``'s result in a 1-tuple where this trace was also the eager call (traced ``live``, and no
-        value computed without drawing its random numbers), else None."""
-        return (self.live_result,) if self.live and not self.forked_random else None
-
     def value_of(self, node: fx.Node) -> Any:
         """The traced value of ``node`` (inputs and constants keep theirs in ``meta["example_value"]``)."""
         if node.op in ("placeholder", "get_attr"):
@@ -185,7 +191,7 @@ class Tracer(fx.Tracer):
         """A proxy for the call ``func(*args, **kwargs)`` of a torch function or tensor method."""
         if self.wrote_untraced is None and writes_untraced_tensor(func, args):
             self.wrote_untraced = self.user_line()
-        if _is_tensor_method(func):
+        if is_tensor_method(func):
             return self.create_proxy("call_method", func.__name__, args, kwargs)
         return self.create_proxy("call_function", func, args, kwargs)
 
@@ -221,7 +227,7 @@ class Tracer(fx.Tracer):
         kind = type(a)   # fast paths for the common argument types; fx's generic path is slow
         if kind is ValueProxy:
             return a.node
-        if kind in _PLAIN_TYPES:
+        if kind in PLAIN_TYPES:
             return a
         if kind is list:
             return [self.create_arg(x) for x in a]
@@ -254,15 +260,9 @@ class Tracer(fx.Tracer):
                 _is_autocast_enabled() if self._autocast is None else autocast_state() != self._autocast)):
             self._record_modes()
         if name is None and kind in ("call_function", "call_method"):
-            name = self._node_name(target)
-        # Arguments are set after creation: Graph.create_node scans them for SymInts with a pytree
-        # walk (~15% of tracing time), and a trace with static shapes has none. (Not fx's
-        # TracerBase.create_node: its module scopes, preserved metadata and stack traces are not used.)
-        node = self.graph.create_node(kind, target, (), {}, name, type_expr)
-        if args or kwargs:
-            # What the args setter does, minus Node.__setattr__'s removal and reinsertion of the node in the
-            # graph's table of nodes by op and target, which arguments do not change (~10% of tracing).
-            node._update_args_kwargs(args, kwargs)
+            name = node_name(self.graph, target)
+        # (Not fx's TracerBase.create_node: its module scopes, preserved metadata and stack traces are not used.)
+        node = new_node(self.graph, kind, target, args, kwargs, name, type_expr)
         if kind == "get_attr":
             self._attr_nodes[target] = node
         if kind == "output":
@@ -303,35 +303,22 @@ class Tracer(fx.Tracer):
                                 "record autocast: cast explicitly (x.to(torch.bfloat16)), or use "
                                 "torch.compile(model, backend=\"relational\").")
 
-    def _node_name(self, target) -> str:
-        """fx's name for nodes calling ``target`` (fx runs a regex per node; cached here)."""
-        try:
-            name = self._target_names.get(target)
-        except TypeError:   # unhashable target
-            return self.graph._target_to_str(target)
-        if name is None:
-            name = self._target_names[target] = self.graph._target_to_str(target)
-        return name
-
     def _value(self, node: fx.Node) -> Any:
         target: Any = node.target   # a name, but for call_function nodes
         if node.op == "placeholder":
             value = self.inputs[self.input_names.index(target)]
-            return value if self.live else value.detach().clone()
+            return value.detach().clone()
         if node.op == "get_attr":
-            value = self.attrs[target]
-            # (a constant made in forward is fresh in every eager call: writes into it go to a copy)
-            return value if self.live and target in self._model_tensors else value.detach().clone()
+            return self.attrs[target].detach().clone()
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), self.value_of)
         grad = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(self.live and grad)   # (the context manager costs more than the op)
+        torch._C._set_grad_enabled(False)   # (the context manager costs more than the op)
         try:
             if node.op == "call_method":
                 fn, args = getattr(args[0], target), args[1:]
             else:
                 fn = target
             if is_random(node, self.appliers.values()):   # no draw from the generators (see untraced_calls)
-                self.forked_random = True
                 with torch.random.fork_rng(devices=cuda_devices()), self._check:
                     return fn(*args, **kwargs)
             if not needs_check(node):
@@ -350,9 +337,6 @@ class Tracer(fx.Tracer):
         are alive; its structure goes to :attr:`out_spec`. (Flattened here, fx never sees the containers: it
         would make its own immutable lists and dicts of them, and a node constructing each namedtuple.)"""
         leaves, self.out_spec = pytree.tree_flatten(outputs)
-        if self.live:
-            self.live_result = pytree.tree_unflatten(
-                [leaf.value if isinstance(leaf, ValueProxy) else leaf for leaf in leaves], self.out_spec)
         for leaf in leaves:
             if isinstance(leaf, ValueProxy) and not isinstance(leaf.value, torch.Tensor):
                 raise FrontendError(f"{type(self.model).__name__}.forward returns {leaf.node.name} (a "
@@ -368,11 +352,7 @@ class Tracer(fx.Tracer):
 
     def _stack_trace(self) -> str:
         """The innermost user frame, in Dynamo's ``stack_trace`` format (what the code-site hint reads)."""
-        frame = innermost_frame(self._stop)
-        text = self._stack_traces.get(frame)
-        if text is None:
-            text = self._stack_traces[frame] = format_frame(*frame) if frame else ""
-        return text
+        return formatted_frame(innermost_frame(self._stop))
 
     def user_line(self) -> str:
         """``file:line in function: code`` of the user code running now (for error messages)."""

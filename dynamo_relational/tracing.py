@@ -21,6 +21,7 @@ from .model_state import HeldAttributes, PlainObjects, computed_at
 from .module_hooks import refuse_unrecorded_hooks
 from .ops import tensor_info
 from .progress import NONE as NO_PROGRESS, CompileProgress
+from .recorder import Recording
 from .tracer import Tracer
 from .untraced_calls import drew_since, generator_states, set_generator_states
 
@@ -38,8 +39,7 @@ class Trace:
     #: seconds spent tracing and computing the nodes' values
     seconds: float
     value_seconds: float
-    #: traced ``live``: ``forward``'s result as an eager call computes it, gradients included, in a 1-tuple;
-    #: None where tracing cannot stand in for that call (a random op drew no numbers while tracing)
+    #: traced ``live``: ``forward``'s result as the eager call computed it, gradients included, in a 1-tuple
     result: tuple | None = None
 
 
@@ -47,8 +47,8 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
           progress: CompileProgress = NO_PROGRESS, live: bool = False) -> Trace:
     """``model`` called on ``inputs`` (placeholders named ``names``), recorded as an ungrouped graph whose
     nodes carry their shapes (``meta["rel_info"]``); see :mod:`dynamo_relational.frontend` for the contract.
-    ``live`` (with gradients on) computes the values from ``inputs`` and the model's own tensors, so that the
-    trace also is the call: :attr:`Trace.result`."""
+    ``live`` (with gradients on) records the call itself, as it runs (:func:`_recorded`): the trace also is the
+    call, :attr:`Trace.result`."""
     start = time.perf_counter()
     refuse_unrecorded_hooks(model)
     names = [n.replace("[", "_").replace("]", "") for n in names]
@@ -57,19 +57,19 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     attributes = HeldAttributes(model)
     objects = PlainObjects(model)
     live = live and torch.is_grad_enabled()   # (else the values would lack the gradients eager's have)
-    # what a live trace may change in place (inputs, buffers), kept to put back where its result is not used
+    # what a live trace may change in place (inputs, buffers), kept to put back if it fails
     # (all of them: ops such as batch_norm update buffers without counting a version)
     changeable = [(t, t.detach().clone()) for t in (*inputs, *model.buffers())] if live else []
     try:
         with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
-            tracer = _traced(model, inputs, names, progress, generators, attributes, live)
+            if live:
+                tracer, result = _recorded(model, inputs, names, progress)
+            else:
+                tracer, result = _traced(model, inputs, names, progress, generators, attributes), None
         _refuse_changes_to_the_model(model, attributes, objects)
     except BaseException:
         _put_back(changeable)
         raise
-    result = tracer.call_result
-    if result is None:
-        _put_back(changeable)
     progress.step()
     graph = tracer.graph
     output = next(n for n in reversed(graph.nodes) if n.op == "output")
@@ -94,15 +94,32 @@ def _put_back(changeable: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
             t.copy_(before)
 
 
+def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress
+              ) -> tuple[Recording | Tracer, tuple]:
+    """The graph of ``model``'s call on ``inputs``, recorded while the call runs (:mod:`~dynamo_relational.
+    recorder`), and the call's result in a 1-tuple. Where the recording gives up, the call has run as eager's
+    and its result stands; the graph is then traced from copies of the tensors (nothing the call changed is
+    changed again). A call that raises is traced from copies too, for the tracer's error naming the line."""
+    recording = Recording(model, inputs, names)
+    try:
+        recording.run(model, inputs)
+    except Exception:
+        _traced(model, inputs, names, progress, generator_states(), HeldAttributes(model))
+        raise
+    if recording.unusable is None:
+        return recording, cast(tuple, recording.call_result)
+    log.debug("relational: recording %s gave up (%s); tracing from copies", type(model).__name__,
+              recording.unusable)
+    return _traced(model, inputs, names, progress, generator_states(), HeldAttributes(model)), \
+        cast(tuple, recording.call_result)
+
+
 def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
-            generators: list[torch.Tensor], attributes: HeldAttributes, live: bool) -> Tracer:
-    """The tracer that traced ``model``, once for most models (``live`` as asked). A call without a traced
-    argument runs while tracing and its result becomes a constant of the graph; where that loses eager's
-    behaviour, which only a trace shows, the model is traced again, recording such calls of one kind or both.
-    A second trace computes from copies (the first, live one already updated the buffers as the call does),
-    and its tracer has no :attr:`~dynamo_relational.tracer.Tracer.call_result`: the first trace's result is
-    not eager's (its untraced calls drew numbers, or wrote traced values where later reads missed them)."""
-    tracer = Tracer(model, inputs, names, progress, live=live)
+            generators: list[torch.Tensor], attributes: HeldAttributes) -> Tracer:
+    """The tracer that traced ``model``, once for most models. A call without a traced argument runs while
+    tracing and its result becomes a constant of the graph; where that loses eager's behaviour, which only a
+    trace shows, the model is traced again, recording such calls of one kind or both."""
+    tracer = Tracer(model, inputs, names, progress)
     tracer.trace(model)
     # Tracing computes no random value from the generators (see Tracer._value): a draw means a random op ran
     # outside the graph (torch.randn(4)), frozen into it. Random ops are recorded on a second trace only: the

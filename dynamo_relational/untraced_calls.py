@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 @functools.cache
-def _random_ops() -> frozenset[str]:
+def random_ops() -> frozenset[str]:
     """Names of the ops that draw random numbers: ATen ops tagged ``nondeterministic_seeded``
     (``randn``, ``rand_like``, ``bernoulli``, ``dropout``, ``normal_``, ``random_``, ...), and the
     dropout variants of ``torch.nn.functional``, which reach ATen under other names. Found once per
@@ -38,7 +38,7 @@ def _random_ops() -> frozenset[str]:
 def is_random(node: fx.Node, appliers) -> bool:
     """Whether computing ``node`` may draw random numbers: a random op, or a custom autograd Function."""
     name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
-    return name in _random_ops() or node.target in appliers
+    return name in random_ops() or node.target in appliers
 
 
 def generator_states() -> list[torch.Tensor]:
@@ -81,7 +81,7 @@ def refusing_own_generators(current: Callable[[], Tracer | None]) -> Iterator[No
     too.)"""
     patched = []
     for namespace in (torch, torch.Tensor):
-        for name in _random_ops():
+        for name in random_ops():
             original = getattr(namespace, name, None)
             if callable(original):
                 patched.append((namespace, name, namespace.__dict__.get(name)))
@@ -107,7 +107,7 @@ class RecordUntracedCalls(TorchFunctionMode):
     def __init__(self, tracer: Tracer, random: bool, factories: bool):
         super().__init__()
         self.tracer = tracer
-        self.names = (_random_ops() if random else frozenset()) | (_FACTORY_NAMES if factories else frozenset())
+        self.names = (random_ops() if random else frozenset()) | (_FACTORY_NAMES if factories else frozenset())
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

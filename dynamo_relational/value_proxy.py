@@ -13,9 +13,10 @@ import torch.fx as fx
 if TYPE_CHECKING:
     from .tracer import Tracer
 
-_STATIC_ATTRIBUTES = ("shape", "dtype", "device", "ndim", "layout", "is_cuda", "is_cpu", "is_sparse",
+#: what a tensor's shape, dtype and device answer (a traced value's static metadata)
+STATIC_ATTRIBUTES = ("shape", "dtype", "device", "ndim", "layout", "is_cuda", "is_cpu", "is_sparse",
                       "is_quantized", "is_meta", "is_mkldnn", "is_nested")
-_STATIC_METHODS = ("size", "dim", "ndimension", "numel", "nelement", "element_size", "stride",
+STATIC_METHODS = ("size", "dim", "ndimension", "numel", "nelement", "element_size", "stride",
                    "is_floating_point", "is_complex", "is_signed", "is_contiguous", "get_device")
 _VALUE_METHODS = ("item", "tolist", "numpy", "__array__", "data_ptr")
 _IN_PLACE_OPERATORS = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
@@ -59,7 +60,7 @@ class ValueProxy(fx.Proxy):
             raise self.tracer.data_dependence_error(f"`.{name}()` reads a tensor's values")
         if name.startswith("__") or name in ("node", "tracer"):   # copy/pickle probing, half-built proxies
             raise AttributeError(name)
-        if name in _STATIC_ATTRIBUTES or name in _STATIC_METHODS:
+        if name in STATIC_ATTRIBUTES or name in STATIC_METHODS:
             return getattr(self.value, name)
         if callable(getattr(self.value, name)):
             return fx.proxy.Attribute(self, name)          # a method: calling it records call_method

@@ -1,0 +1,320 @@
+"""Recording a live call: the model runs eagerly on its real tensors while a ``TorchFunctionMode`` records
+each torch call that reads a traced tensor as an FX node, the node that the tracer
+(:mod:`~dynamo_relational.tracer`) would record for it.
+
+A live trace (``dynamo_relational.batch``: a new sample's trace is also its call) through proxies costs
+4-8 times the eager call: every op goes through fx's proxy machinery. Recording the eager call itself costs
+about half that: the op runs as in eager, on the real tensors, with gradients, and the mode only notes the
+call. Its graph is the tracer's: ``operator`` targets for the tensor operators (``a + b`` is
+``TensorBase.add`` here), a ``getitem`` node per result of an op returning several tensors, ``get_attr``
+nodes for the model's parameters and buffers and for the other tensors ops read (constants), the innermost
+user frame of each node, and ``torch._C._set_grad_enabled`` where ``no_grad`` blocks begin and end.
+
+Only what the mode can see in full is recorded. The recording gives up, and the call goes on as eager's
+(:attr:`Recording.unusable` says why; the caller traces the structure with the tracer instead), on: a read of
+a traced value by Python (``bool(t)``, ``t.item()``, an attribute other than its shape, dtype or device), an
+op that writes in place, draws random numbers or has a value-dependent output shape, an input given twice,
+autocast, an argument it does not know, a tensor computed outside its view (one that requires gradients
+without being traced), random numbers drawn outside the graph, a custom autograd Function, a traced value
+stored in the model, or outputs made without a traced value that share memory."""
+from __future__ import annotations
+
+import operator
+import sys
+from types import FrameType
+from typing import Any, Sequence, cast
+
+import numpy
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.autograd.function import BackwardCFunction
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
+from .forward_constants import returned_constants_share_memory
+from .model_state import HeldAttributes
+from .ops.base import value_info
+from .ops.facts import writes
+from .source_lines import formatted_frame, innermost_frame
+from .tracer import PLAIN_TYPES, new_node, node_name
+from .untraced_calls import drew_since, generator_states, is_random, random_ops
+from .value_proxy import STATIC_ATTRIBUTES, STATIC_METHODS
+
+_is_grad_enabled = torch.is_grad_enabled
+_is_autocast_enabled = torch._C._is_any_autocast_enabled
+#: the tensor methods that the tensor operators call, recorded as the ``operator`` targets that fx's
+#: proxies record for the operators: ``x + y`` reaches the mode as ``TensorBase.add(x, y)``
+_OPERATORS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+              "matmul": operator.matmul, "pow": operator.pow, "__getitem__": operator.getitem}
+_REFLECTED = {"__radd__": operator.add, "__rsub__": operator.sub, "__rmul__": operator.mul,
+              "__rdiv__": operator.truediv, "__rtruediv__": operator.truediv, "__rpow__": operator.pow,
+              "__rmatmul__": operator.matmul}
+_STATIC = frozenset((*STATIC_ATTRIBUTES, *STATIC_METHODS, "__len__"))
+
+
+class _Unusable(Exception):
+    """Raised inside the mode where the recording gives up; caught there (the call runs on)."""
+
+
+class Recording(TorchFunctionMode):
+    """The graph of ``model``'s call on ``inputs``, recorded while it runs (:func:`record`)."""
+
+    def __init__(self, model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str]):
+        super().__init__()
+        #: why the call could not be recorded (then :attr:`graph` is incomplete), or None
+        self.unusable: str | None = None
+        self.graph = fx.Graph()
+        self.out_spec: pytree.TreeSpec | None = None
+        #: get_attr target -> tensor (parameters and buffers of the model, then constants)
+        self.attrs: dict[str, torch.Tensor] = {}
+        self.value_seconds = 0.0
+        self.call_result: tuple | None = None
+        #: id -> node of every traced tensor (inputs, values computed), kept alive so that ids stay unique
+        self._nodes: dict[int, fx.Node] = {}
+        self._kept: list[torch.Tensor] = []
+        self._model_names: dict[int, str] = {}
+        for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+            self._model_names.setdefault(id(t), name)
+            self.attrs.setdefault(name, t)
+        self._model_tensors = frozenset(self.attrs)
+        self._constants: dict[int, fx.Node] = {}
+        #: whether a recorded op drew random numbers (as the eager call draws them)
+        self.drew = False
+        self._check = RejectDataDependentOps()
+        self._grad_enabled = True
+        self._stop: FrameType | None = None
+        for name, t in zip(input_names, inputs):
+            if id(t) in self._nodes or id(t) in self._model_names:
+                self.unusable = f"input {name} is given twice, or is a tensor of the model"
+            node = self.graph.create_node("placeholder", name, (), {})
+            node.meta["example_value"] = t
+            self._nodes[id(t)] = node
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.unusable is not None:
+            return func(*args, **kwargs)
+        if not self._reads_traced(args, kwargs):
+            # a call on constants alone runs: its result is a constant, as traced; a random one would be
+            # frozen (the tracer records it on a second trace)
+            if getattr(func, "__name__", None) in random_ops():
+                self.unusable = f"{func.__name__} draws random numbers without a traced argument"
+            return func(*args, **kwargs)
+        try:
+            name = _static_name(func)
+            if name in _STATIC:
+                return func(*args, **kwargs)
+            node, written = self._node(func, args, kwargs)
+        except _Unusable as e:
+            self.unusable = str(e)
+            return func(*args, **kwargs)
+        out = self._call(node, func, args, kwargs)
+        if self.unusable is None:
+            if written:
+                node.meta["rel_info"] = value_info(out)   # (later reads of the operand read its node)
+            else:
+                self._record_value(node, out)
+        return out
+
+    # -- arguments -----------------------------------------------------------
+    def _reads_traced(self, args: tuple, kwargs: dict) -> bool:
+        """Whether an argument (or an item of a list or tuple argument) is a traced tensor or the model's."""
+        for group in (args, kwargs.values()):
+            for a in group:
+                if isinstance(a, torch.Tensor):
+                    if id(a) in self._nodes or id(a) in self._model_names:
+                        return True
+                elif type(a) is list or type(a) is tuple:
+                    for b in a:
+                        if isinstance(b, torch.Tensor) and (id(b) in self._nodes or id(b) in self._model_names):
+                            return True
+        return False
+
+    def _arg(self, a: Any) -> Any:
+        kind = type(a)
+        if kind in PLAIN_TYPES:
+            return a
+        if isinstance(a, torch.Tensor):
+            node = self._nodes.get(id(a))
+            return node if node is not None else self._attr_node(a)
+        if kind is list:
+            return [self._arg(x) for x in a]
+        if kind is tuple or kind is torch.Size:
+            return kind([self._arg(x) for x in a])
+        if kind is dict and all(type(k) is str for k in a):
+            return {k: self._arg(v) for k, v in a.items()}
+        if kind is slice:
+            return slice(self._arg(a.start), self._arg(a.stop), self._arg(a.step))
+        if a is Ellipsis:
+            return a
+        if isinstance(a, (numpy.integer, numpy.floating)):
+            return a.item()
+        raise _Unusable(f"an argument of type {kind.__name__}")
+
+    def _attr_node(self, t: torch.Tensor) -> fx.Node:
+        """The get_attr node of a parameter or buffer of the model, or of a constant tensor."""
+        node = self._constants.get(id(t))
+        if node is not None:
+            return node
+        name = self._model_names.get(id(t))
+        if name is None:
+            if t.requires_grad:
+                raise _Unusable("a tensor that requires gradients was computed outside the recorded calls")
+            name = f"_tensor_constant{len(self.attrs)}"
+            self.attrs[name] = t
+            value = t.detach().clone()   # (a constant made in forward is fresh in every eager call)
+        else:
+            value = t
+        node = self._constants[id(t)] = self.graph.create_node("get_attr", name, (), {})
+        node.meta["example_value"] = value
+        return node
+
+    # -- nodes ---------------------------------------------------------------
+    def _node(self, func, args: tuple, kwargs: dict) -> tuple[fx.Node, bool]:
+        """The node recording ``func(*args, **kwargs)``, and whether it writes into its first operand."""
+        if _is_autocast_enabled():
+            raise _Unusable("autocast")
+        if _is_grad_enabled() is not self._grad_enabled:
+            self._grad_enabled = _is_grad_enabled()
+            self.graph.create_node("call_function", torch._C._set_grad_enabled, (self._grad_enabled,), {})
+        name = getattr(func, "__name__", None)
+        target: Any
+        if name in _OPERATORS and len(args) == 2 and not kwargs:
+            kind, target = "call_function", _OPERATORS[name]
+        elif name in _REFLECTED and len(args) == 2 and not kwargs:
+            kind, target, args = "call_function", _REFLECTED[name], (args[1], args[0])
+        elif name == "neg" and len(args) == 1 and not kwargs:
+            kind, target = "call_function", operator.neg
+        elif name == "__setitem__" and len(args) == 3 and not kwargs:
+            kind, target = "call_function", operator.setitem
+        elif type(func).__name__ == "method-wrapper":
+            raise _Unusable(f"reads the tensor attribute {_static_name(func)}")
+        elif name is not None and getattr(torch.Tensor, name, None) is func:
+            kind, target = "call_method", name
+        else:
+            kind, target = "call_function", func
+        node = new_node(self.graph, kind, target, self._arg(args), self._arg(kwargs), node_name(self.graph, target))
+        written = writes(node)
+        if written and not self._writable(node):
+            raise _Unusable(f"{target} writes into a tensor made without a traced value")
+        if is_random(node, ()):
+            self.drew = True
+        node.meta["stack_trace"] = formatted_frame(innermost_frame(self._stop))
+        return node, written
+
+    def _writable(self, node: fx.Node) -> bool:
+        """Whether an in-place op writes a traced value or the model's parameter or buffer (writes into
+        constants, and ``out=``, are left to the tracer, which records the factories that made them)."""
+        written = node.args[0] if node.args else None
+        return node.kwargs.get("out") is None and isinstance(written, fx.Node) and (
+            written.op != "get_attr" or written.target in self._model_tensors)
+
+    def _call(self, node: fx.Node, func, args: tuple, kwargs: dict) -> Any:
+        """``func``'s result; an op that may have a value-dependent output (shape) runs under the check that
+        raises on such ATen ops, as the tracer runs it (then the recording gives up and the op runs again)."""
+        if not needs_check(node):
+            return func(*args, **kwargs)
+        try:
+            with self._check:
+                return func(*args, **kwargs)
+        except DataDependentOp:
+            self.unusable = f"{node.target} has a value-dependent output"
+            return func(*args, **kwargs)
+
+    def _record_value(self, node: fx.Node, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            node.meta["rel_info"] = value_info(out)
+            self._traced(out, node)
+        elif type(out) in (tuple, list) and out and all(isinstance(t, torch.Tensor) for t in out):
+            node.meta["rel_info"] = None
+            source = node
+            if node.target == "unbind" and node.args[1:] in ((), (0,)) and not node.kwargs:
+                # iterating over a tensor: the tracer's proxies read its rows, x[i]
+                source = cast(fx.Node, node.args[0])
+                self.graph.erase_node(node)
+            for i, t in enumerate(out):   # (fx's proxies record a getitem for each item read)
+                item = new_node(self.graph, "call_function", operator.getitem, (source, i), {},
+                                node_name(self.graph, operator.getitem))
+                item.meta["stack_trace"] = node.meta.get("stack_trace", "")
+                item.meta["rel_info"] = value_info(t)
+                self._traced(t, item)
+        else:
+            self.unusable = f"{node.target} returns a {type(out).__name__}, which Python code reads"
+
+    def _traced(self, t: torch.Tensor, node: fx.Node) -> None:
+        self._nodes[id(t)] = node
+        self._kept.append(t)
+
+    # -- the call ------------------------------------------------------------
+    def run(self, model: nn.Module, inputs: Sequence[torch.Tensor]) -> None:
+        """Call ``model`` on ``inputs`` (with gradients, as eager), recording; sets :attr:`call_result`."""
+        generators = generator_states()
+        attributes = HeldAttributes(model)
+        self._stop = sys._getframe()
+        try:
+            with self:
+                result = model(*inputs)
+        finally:
+            self._stop = None
+        self.call_result = (result,)
+        if self.unusable is None:
+            self._output(result)
+        if self.unusable is None and any(isinstance(t.grad_fn, BackwardCFunction) for t in self._kept):
+            self.unusable = "a custom autograd Function ran (its forward's ops were recorded, not its backward)"
+        if self.unusable is None and not self.drew and drew_since(generators):
+            # (with random ops recorded, the calls without a traced argument were checked by name)
+            self.unusable = "random numbers were drawn outside the recorded calls"
+        if self.unusable is None:
+            self._refuse_stored_values(model, attributes)
+        if self.unusable is None and returned_constants_share_memory(self.graph, self.attrs,
+                                                                     attributes.held_ids()):
+            self.unusable = "outputs made without a traced value share memory"
+        self._nodes.clear()
+        self._kept.clear()
+        self._constants.clear()
+
+    def _output(self, result: Any) -> None:
+        leaves, self.out_spec = pytree.tree_flatten(result)
+        try:
+            args = tuple(self._arg(leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
+        except _Unusable as e:
+            self.unusable = str(e)
+            return
+        if any(not isinstance(a, fx.Node) and type(a) not in PLAIN_TYPES for a in args):
+            self.unusable = "an output is neither a tensor nor a Python constant"
+            return
+        if _is_grad_enabled() is not self._grad_enabled:
+            self.graph.create_node("call_function", torch._C._set_grad_enabled, (_is_grad_enabled(),), {})
+        self.graph.create_node("output", "output", (args,), {})
+
+    def _refuse_stored_values(self, model: nn.Module, attributes: HeldAttributes) -> None:
+        """A traced value that ``forward`` stored in the model (an attribute, or an item of a list or dict
+        attribute): the graph would not repeat the store (the tracer refuses it, naming the line)."""
+        traced = self._nodes
+
+        def stored(value: Any) -> bool:
+            if isinstance(value, torch.Tensor):
+                return id(value) in traced
+            if type(value) in (list, tuple, dict):
+                return any(stored(v) for v in (value.values() if type(value) is dict else value))
+            return False
+
+        if attributes.changed(scalars=False) is not None or any(
+                stored(value) for module in model.modules() for value in vars(module).values()):
+            self.unusable = "forward stored a traced value in the model"
+
+
+def _static_name(func) -> str | None:
+    """The name of a tensor attribute read (``x.shape``) or method."""
+    if type(func).__name__ == "method-wrapper":   # a tensor attribute's getter
+        return getattr(func.__self__, "__name__", None)
+    return getattr(func, "__name__", None)
+
+
+def record(model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str]) -> Recording:
+    """``model`` called on ``inputs`` with gradients, recorded (see the module docstring)."""
+    recording = Recording(model, inputs, input_names)
+    recording.run(model, inputs)
+    return recording
