@@ -38,7 +38,8 @@ from .model_state import HeldAttributes
 from .ops.base import value_info
 from .ops.facts import writes
 from .source_lines import formatted_frame, innermost_frame
-from .tracer import PLAIN_TYPES, new_node, node_name
+from .nodes import new_node, node_name
+from .tracer import PLAIN_TYPES
 from .untraced_calls import drew_since, generator_states, is_random, random_ops
 from .value_proxy import STATIC_ATTRIBUTES, STATIC_METHODS
 

@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
 from .errors import FrontendError
+from .nodes import new_node, node_name
 from .ops.base import value_info
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress
 from .schemas import autocast_state
@@ -65,7 +66,6 @@ def gc_paused() -> Iterator[None]:
 
 
 _TENSOR_METHODS: dict[Any, bool] = {}
-_TARGET_NAMES: dict[Any, str] = {}
 
 
 def is_tensor_method(func: Callable) -> bool:
@@ -79,28 +79,6 @@ def is_tensor_method(func: Callable) -> bool:
     except TypeError:   # an unhashable callable
         return is_tensor_method_or_property(func)
 
-
-def node_name(graph: fx.Graph, target: Any) -> str:
-    """fx's name for nodes calling ``target`` (fx runs a regex per node; cached here)."""
-    try:
-        name = _TARGET_NAMES.get(target)
-    except TypeError:   # unhashable target
-        return graph._target_to_str(target)
-    if name is None:
-        name = _TARGET_NAMES[target] = graph._target_to_str(target)
-    return name
-
-
-def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict, name: str | None = None,
-             type_expr: Any = None) -> fx.Node:
-    """``graph.create_node`` for a trace's static shapes, faster: the arguments are set after creation, as
-    the args setter does, without Graph.create_node's pytree walk looking for SymInts (~15% of tracing) and
-    Node.__setattr__'s removal and reinsertion of the node in the graph's table by op and target, which
-    arguments do not change (~10%)."""
-    node = graph.create_node(kind, target, (), {}, name, type_expr)
-    if args or kwargs:
-        node._update_args_kwargs(args, kwargs)
-    return node
 
 
 class Tracer(fx.Tracer):

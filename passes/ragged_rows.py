@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from dynamo_relational.nodes import new_node, node_name
 from dynamo_relational.ops import REGISTRY, NeuronOp, TensorInfo, tensor_info
 from dynamo_relational.ops.base import node_args
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
@@ -81,7 +82,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
-        found = _join(node) or _row_wise(node, ragged)
+        found = _join(node)
+        if found is None:
+            if not any(a in ragged for a in node.all_input_nodes):
+                continue   # (a row-wise op and a reduction of ragged values read one)
+            found = _row_wise(node, ragged)
         if found is not None:
             ragged[node] = found
             continue
@@ -99,7 +104,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node in reversed(order):   # readers first
         if node.users and not ragged[node].joined:   # read elsewhere too: rows joined again for them
             with graph.inserting_after(node):
-                joined = graph.call_function(torch.cat, (parts[node], 0))
+                joined = new_node(graph, "call_function", torch.cat, (parts[node], 0), {}, node_name(graph, torch.cat))
             joined.meta = dict(node.meta)
             node.replace_all_uses_with(joined)
         if not node.users:
@@ -228,7 +233,7 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
                 return parts[a][j] if a in parts else value.reads.get(a, a)
             args = fx.node.map_arg(node.args, operand)
             kwargs = fx.node.map_arg(node.kwargs, operand)
-            part = graph.create_node(node.op, node.target, args, kwargs)
+            part = new_node(graph, node.op, node.target, args, kwargs, node_name(graph, node.target))
             part.meta = {**meta, "rel_info": value.part}
             made.append(part)
     return made
@@ -244,17 +249,20 @@ def _reduce_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, n
         n.meta = {**meta, "rel_info": info}
         return n
 
+    def call(kind: str, target, *args) -> fx.Node:
+        return new_node(graph, kind, target, args, {}, node_name(graph, target))
+
     rows = part.shape[0]
     reduce = "sum" if name == "mean" and rows != 1 else name
     with graph.inserting_before(node):
-        terms = parts if rows == 1 else [made(graph.call_method("sum", (p, 0, True)), row) for p in parts]
-        stacked = made(graph.call_function(torch.stack, (list(terms),)), TensorInfo((len(terms), *row.shape),
-                                                                                    row.dtype, row.device))
-        total = made(graph.call_method(reduce, (stacked, 0)), row)   # an aggregate to the aggregation pass
+        terms = parts if rows == 1 else [made(call("call_method", "sum", p, 0, True), row) for p in parts]
+        stacked = made(call("call_function", torch.stack, list(terms)), TensorInfo((len(terms), *row.shape),
+                                                                                   row.dtype, row.device))
+        total = made(call("call_method", reduce, stacked, 0), row)   # an aggregate to the aggregation pass
         if reduce != name:
-            total = made(graph.call_function(operator.truediv, (total, value.k * rows)), row)
+            total = made(call("call_function", operator.truediv, total, value.k * rows), row)
         if not keepdim:
-            total = made(graph.call_method("reshape", (total, part.shape[1:])), tensor_info(node))
+            total = made(call("call_method", "reshape", total, part.shape[1:]), tensor_info(node))
     node.replace_all_uses_with(total)
     graph.erase_node(node)
 
