@@ -75,6 +75,9 @@ class Recording(TorchFunctionMode):
         #: id -> node of every traced tensor (inputs, values computed), kept alive so that ids stay unique
         self._nodes: dict[int, fx.Node] = {}
         self._kept: list[torch.Tensor] = []
+        #: the values computed with gradients off: a custom autograd Function's forward runs so, and its
+        #: outputs (values recorded there) then get its backward
+        self._kept_without_grad: list[torch.Tensor] = []
         self._model_names: dict[int, str] = {}
         for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
             self._model_names.setdefault(id(t), name)
@@ -247,6 +250,8 @@ class Recording(TorchFunctionMode):
     def _traced(self, t: torch.Tensor, node: fx.Node) -> None:
         self._nodes[id(t)] = node
         self._kept.append(t)
+        if not self._grad_enabled:
+            self._kept_without_grad.append(t)
 
     # -- the call ------------------------------------------------------------
     def run(self, model: nn.Module, inputs: Sequence[torch.Tensor]) -> None:
@@ -262,7 +267,8 @@ class Recording(TorchFunctionMode):
         self.call_result = (result,)
         if self.unusable is None:
             self._output(result)
-        if self.unusable is None and any(isinstance(t.grad_fn, BackwardCFunction) for t in self._kept):
+        if self.unusable is None and any(isinstance(t.grad_fn, BackwardCFunction)
+                                           for t in self._kept_without_grad):
             self.unusable = "a custom autograd Function ran (its forward's ops were recorded, not its backward)"
         if self.unusable is None and not self.drew and drew_since(generators):
             # (with random ops recorded, the calls without a traced argument were checked by name)
@@ -274,6 +280,7 @@ class Recording(TorchFunctionMode):
             self.unusable = "outputs made without a traced value share memory"
         self._nodes.clear()
         self._kept.clear()
+        self._kept_without_grad.clear()
         self._constants.clear()
 
     def _output(self, result: Any) -> None:
