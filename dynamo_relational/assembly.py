@@ -84,9 +84,9 @@ class _Values:
         """For the batch ``samples``: where each part starts in its value, where the rows of each
         (leaf, batch position) start in the leaf, and each value's size."""
         kept = self.counts[:, samples]
-        within = numpy.cumsum(kept, 1) - kept
+        within = kept.cumsum(1) - kept
         part_size = kept.sum(1)[self.part_leaf] + self.part_shared
-        ends = numpy.cumsum(part_size)
+        ends = part_size.cumsum()
         starts = ends - part_size
         part_start = starts - starts[self.value_first][self.value_of_part]
         return part_start, within, ends[self.value_last] - starts[self.value_first]
@@ -109,10 +109,10 @@ class _Stream:
         """(entries, their batch positions, their keys) of the batch ``samples``, sorted by key stably."""
         counts = self.count[samples]
         total = int(counts.sum())
-        entries = numpy.repeat(self.start[samples] - (numpy.cumsum(counts) - counts), counts) + numpy.arange(total)
-        positions = numpy.repeat(numpy.arange(samples.shape[0]), counts)
+        entries = (self.start[samples] - (counts.cumsum() - counts)).repeat(counts) + numpy.arange(total)
+        positions = numpy.arange(samples.shape[0]).repeat(counts)
         keys = self.key[entries]
-        order = numpy.argsort(keys, kind="stable")
+        order = keys.argsort(kind="stable")
         return entries[order], positions[order], keys[order]
 
 
@@ -120,9 +120,9 @@ def _offsets(lengths: numpy.ndarray, counts: numpy.ndarray) -> numpy.ndarray:
     """Row pointers of consecutive segments lists: ``counts[k]`` lengths for list ``k``, each list's pointers
     ``[0, cumsum(its lengths)]``, all lists one after the other."""
     keys = counts.shape[0]
-    key_of = numpy.repeat(numpy.arange(keys), counts)
-    ends = numpy.cumsum(lengths)
-    first = numpy.cumsum(counts) - counts
+    key_of = numpy.arange(keys).repeat(counts)
+    ends = lengths.cumsum()
+    first = counts.cumsum() - counts
     base = numpy.concatenate([[0], ends])[first]
     out = numpy.zeros(lengths.shape[0] + keys, dtype=numpy.int64)
     out[numpy.arange(lengths.shape[0]) + key_of + 1] = ends - base[key_of]
@@ -131,8 +131,8 @@ def _offsets(lengths: numpy.ndarray, counts: numpy.ndarray) -> numpy.ndarray:
 
 def _place(buffer: numpy.ndarray, values: numpy.ndarray, lengths: numpy.ndarray, at: numpy.ndarray) -> None:
     """Write consecutive runs of ``values`` (``lengths[k]`` for run ``k``) to ``buffer[at[k]:]``."""
-    starts = numpy.cumsum(lengths) - lengths
-    buffer[numpy.repeat(at - starts, lengths) + numpy.arange(values.shape[0])] = values
+    starts = lengths.cumsum() - lengths
+    buffer[(at - starts).repeat(lengths) + numpy.arange(values.shape[0])] = values
 
 
 class Assembly:
@@ -245,24 +245,24 @@ class Assembly:
         if not self.reduce:
             return []
         offsets = _offsets(lengths, rows)
-        key_of = numpy.repeat(numpy.arange(len(self.reduce)), rows)
-        row_in_key = numpy.arange(lengths.shape[0]) - (numpy.cumsum(rows) - rows)[key_of]
-        row_of = numpy.repeat(row_in_key, lengths)
+        key_of = numpy.arange(len(self.reduce)).repeat(rows)
+        row_in_key = numpy.arange(lengths.shape[0]) - (rows.cumsum() - rows)[key_of]
+        row_of = row_in_key.repeat(lengths)
         if not self.transposes:
             blocks = (rows + 1) + 2 * nnz
             buffer = numpy.empty(int(blocks.sum()), dtype=numpy.int64)
-            at = numpy.cumsum(blocks) - blocks
+            at = blocks.cumsum() - blocks
             _place(buffer, offsets, rows + 1, at)
             _place(buffer, index, nnz, at + rows + 1)
             _place(buffer, row_of, nnz, at + rows + 1 + nnz)
             return self._cut(buffer, blocks)
         columns = numpy.where(self.sources == 0, self.fixed_columns, size[self.sources])
-        column_base = numpy.cumsum(columns) - columns
-        column_key = numpy.repeat(column_base, nnz) + index
-        by_column = numpy.argsort(column_key, kind="stable")
+        column_base = columns.cumsum() - columns
+        column_key = column_base.repeat(nnz) + index
+        by_column = column_key.argsort(kind="stable")
         offsets_t = _offsets(numpy.bincount(column_key, minlength=int(columns.sum())), columns)
         blocks = (rows + 1) + nnz + (columns + 1) + nnz
-        at = numpy.cumsum(blocks) - blocks
+        at = blocks.cumsum() - blocks
         buffer = numpy.empty(int(blocks.sum()), dtype=numpy.int64)
         _place(buffer, offsets, rows + 1, at)
         _place(buffer, index, nnz, at + rows + 1)
@@ -277,7 +277,8 @@ class Assembly:
         joined = torch.from_numpy(buffer)
         if self.device.type != "cpu":
             joined = joined.to(self.device, non_blocking=True)
-        return joined.split(lengths.tolist())
+        # (never written: views without autograd's view tracking, a third cheaper to make)
+        return joined.unsafe_split_with_sizes(lengths.tolist())
 
 
 def _equal_to_earlier(indices: Sequence["GatherIndex"], candidates: list[int]) -> dict[int, int]:
