@@ -10,11 +10,16 @@ from __future__ import annotations
 import itertools
 import re
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 from torch import nn
+
+def _is_proxy(value: Any) -> bool:
+    """A value of the tracer's (its proxies)."""
+    return isinstance(value, fx.Proxy)
+
 
 class HeldAttributes:
     """What the model's modules hold as plain attributes (neither parameter, buffer nor submodule), which
@@ -73,14 +78,14 @@ class HeldAttributes:
                 return f"{type(module).__name__}.{name}", f"changed from {held!r} to {value!r}"
         return None
 
-    def stored_proxy(self) -> tuple[str, fx.Proxy] | None:
+    def stored_proxy(self, traced: Callable[[Any], bool] = _is_proxy) -> tuple[str, Any] | None:
         """The first list or dict attribute (as ``"Model.history"``) that now holds a traced value (one level
         deep), and that value: ``forward`` appended one to it, or stored one in it, while tracing."""
         for module, name, container, _ in self.containers:
             for item in (container.values() if isinstance(container, dict) else container):
-                proxy = _proxy_in(item)
-                if proxy is not None:
-                    return f"{type(module).__name__}.{name}", proxy
+                found = traced_in(item, traced)
+                if found is not None:
+                    return f"{type(module).__name__}.{name}", found
         return None
 
     def restore(self) -> None:
@@ -146,14 +151,14 @@ class PlainObjects:
                 self.saved.append((value, path, dict(attributes)))
                 stack.extend((v, (path, f".{k}")) for k, v in attributes.items() if type(v) not in _SCALARS)
 
-    def stored_proxy(self) -> tuple[str, fx.Proxy] | None:
+    def stored_proxy(self, traced: Callable[[Any], bool] = _is_proxy) -> tuple[str, Any] | None:
         """The first attribute of such an object (as ``"Model.trees[0].children[1].state"``) that now holds a
         traced value, also inside a list, tuple or dict, and that value."""
         for value, path, _ in self.saved:
             for name, item in vars(value).items():
-                proxy = _proxy_in(item)
-                if proxy is not None:
-                    return _path_text(path) + f".{name}", proxy
+                found = traced_in(item, traced)
+                if found is not None:
+                    return _path_text(path) + f".{name}", found
         return None
 
     def restore(self) -> None:
@@ -163,12 +168,12 @@ class PlainObjects:
             attributes.update(before)
 
 
-def _proxy_in(item: Any) -> fx.Proxy | None:
-    """``item`` if it is a traced value, else the first one in the list, tuple or dict it is."""
-    if isinstance(item, fx.Proxy):
+def traced_in(item: Any, traced: Callable[[Any], bool]) -> Any:
+    """``item`` if it is a ``traced`` value, else the first one in the list, tuple or dict it is."""
+    if traced(item):
         return item
     if type(item) in (list, tuple, dict):
-        return next((i for i in (item.values() if type(item) is dict else item) if isinstance(i, fx.Proxy)), None)
+        return next((i for i in (item.values() if type(item) is dict else item) if traced(i)), None)
     return None
 
 

@@ -2,21 +2,24 @@
 each torch call that reads a traced tensor as an FX node, the node that the tracer
 (:mod:`~dynamo_relational.tracer`) would record for it.
 
-A live trace (``dynamo_relational.batch``: a new sample's trace is also its call) through proxies costs
-4-8 times the eager call: every op goes through fx's proxy machinery. Recording the eager call itself costs
-about half that: the op runs as in eager, on the real tensors, with gradients, and the mode only notes the
-call. Its graph is the tracer's: ``operator`` targets for the tensor operators (``a + b`` is
-``TensorBase.add`` here), a ``getitem`` node per result of an op returning several tensors, ``get_attr``
-nodes for the model's parameters and buffers and for the other tensors ops read (constants), the innermost
-user frame of each node, and ``torch._C._set_grad_enabled`` where ``no_grad`` blocks begin and end.
+``dynamo_relational.batch`` traces a new sample structure with gradients on, and that trace is also the
+sample's call. Recorded this way, the call is eager's exactly (its values, gradients, random draws and
+buffer updates), and no value is computed twice or from copies; fx's proxies are not involved (tracing
+through them cost 5-14% more on the per-sample examples). Its graph is the tracer's:
+``operator`` targets for the tensor operators (``a + b`` reaches the mode as ``TensorBase.add``), a
+``getitem`` node per result of an op returning several tensors (and per row of a tensor iterated over),
+``get_attr`` nodes for the model's parameters and buffers and for the other tensors ops read (constants),
+in-place ops on traced values and on the model's tensors, random ops, the innermost user frame of each
+node, and ``torch._C._set_grad_enabled`` where ``no_grad`` blocks begin and end.
 
 Only what the mode can see in full is recorded. The recording gives up, and the call goes on as eager's
-(:attr:`Recording.unusable` says why; the caller traces the structure with the tracer instead), on: a read of
-a traced value by Python (``bool(t)``, ``t.item()``, an attribute other than its shape, dtype or device), an
-op that writes in place, draws random numbers or has a value-dependent output shape, an input given twice,
-autocast, an argument it does not know, a tensor computed outside its view (one that requires gradients
-without being traced), random numbers drawn outside the graph, a custom autograd Function, a traced value
-stored in the model, or outputs made without a traced value that share memory."""
+(:attr:`Recording.unusable` says why; the caller traces the structure with the tracer instead), on: a read
+of a traced value by Python (``bool(t)``, ``t.item()``, an attribute other than its shape, dtype or
+device), an op with a value-dependent output shape, a write into a tensor made without a traced value,
+random numbers drawn without a traced argument, an input given twice, autocast, an argument it does not
+know, a tensor computed outside its view (one that requires gradients without being traced), a custom
+autograd Function, a traced value stored in the model (taken out again), or outputs made without a traced
+value that share memory."""
 from __future__ import annotations
 
 import operator
@@ -34,7 +37,7 @@ from torch.utils import _pytree as pytree
 
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
 from .forward_constants import returned_constants_share_memory
-from .model_state import HeldAttributes
+from .model_state import HeldAttributes, PlainObjects, traced_in
 from .ops.base import value_info
 from .ops.facts import writes
 from .source_lines import formatted_frame, innermost_frame
@@ -254,10 +257,12 @@ class Recording(TorchFunctionMode):
             self._kept_without_grad.append(t)
 
     # -- the call ------------------------------------------------------------
-    def run(self, model: nn.Module, inputs: Sequence[torch.Tensor]) -> None:
-        """Call ``model`` on ``inputs`` (with gradients, as eager), recording; sets :attr:`call_result`."""
+    def run(self, model: nn.Module, inputs: Sequence[torch.Tensor], attributes: HeldAttributes,
+            objects: PlainObjects) -> None:
+        """Call ``model`` on ``inputs`` (with gradients, as eager), recording; sets :attr:`call_result`.
+        ``attributes`` and ``objects`` are the model's state before the call."""
         generators = generator_states()
-        attributes = HeldAttributes(model)
+        module_attributes = [(module, dict(vars(module))) for module in model.modules()]
         self._stop = sys._getframe()
         try:
             with self:
@@ -274,7 +279,7 @@ class Recording(TorchFunctionMode):
             # (with random ops recorded, the calls without a traced argument were checked by name)
             self.unusable = "random numbers were drawn outside the recorded calls"
         if self.unusable is None:
-            self._refuse_stored_values(model, attributes)
+            self._refuse_stored_values(module_attributes, attributes, objects)
         if self.unusable is None and returned_constants_share_memory(self.graph, self.attrs,
                                                                      attributes.held_ids()):
             self.unusable = "outputs made without a traced value share memory"
@@ -297,21 +302,30 @@ class Recording(TorchFunctionMode):
             self.graph.create_node("call_function", torch._C._set_grad_enabled, (_is_grad_enabled(),), {})
         self.graph.create_node("output", "output", (args,), {})
 
-    def _refuse_stored_values(self, model: nn.Module, attributes: HeldAttributes) -> None:
-        """A traced value that ``forward`` stored in the model (an attribute, or an item of a list or dict
-        attribute): the graph would not repeat the store (the tracer refuses it, naming the line)."""
+    def _refuse_stored_values(self, module_attributes: list[tuple[nn.Module, dict]], attributes: HeldAttributes,
+                              objects: PlainObjects) -> None:
+        """A traced value that ``forward`` stored in the model (an attribute of a module, as it was before the
+        call in ``module_attributes``, or of a plain object it holds, or an item of a list or dict attribute),
+        or a tensor the model holds changed: the graph would not repeat that (the tracer, tracing next, refuses
+        it, naming the line). The stored values are taken out first."""
         traced = self._nodes
 
-        def stored(value: Any) -> bool:
-            if isinstance(value, torch.Tensor):
-                return id(value) in traced
-            if type(value) in (list, tuple, dict):
-                return any(stored(v) for v in (value.values() if type(value) is dict else value))
-            return False
+        def is_traced(value: Any) -> bool:
+            return isinstance(value, torch.Tensor) and id(value) in traced
 
-        if attributes.changed(scalars=False) is not None or any(
-                stored(value) for module in model.modules() for value in vars(module).values()):
-            self.unusable = "forward stored a traced value in the model"
+        stored = [(module, name, before) for module, before in module_attributes
+                  for name, value in vars(module).items() if traced_in(value, is_traced) is not None]
+        for module, name, before in stored:
+            if name in before:
+                vars(module)[name] = before[name]
+            else:
+                del vars(module)[name]
+        if attributes.stored_proxy(is_traced) is not None or objects.stored_proxy(is_traced) is not None:
+            attributes.restore()
+            objects.restore()
+        elif not stored and attributes.changed(scalars=False) is None:
+            return
+        self.unusable = "forward stored a traced value in the model, or changed a tensor it holds"
 
 
 def _static_name(func) -> str | None:
@@ -324,5 +338,5 @@ def _static_name(func) -> str | None:
 def record(model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str]) -> Recording:
     """``model`` called on ``inputs`` with gradients, recorded (see the module docstring)."""
     recording = Recording(model, inputs, input_names)
-    recording.run(model, inputs)
+    recording.run(model, inputs, HeldAttributes(model), PlainObjects(model))
     return recording

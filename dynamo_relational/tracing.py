@@ -63,7 +63,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     try:
         with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
             if live:
-                tracer, result = _recorded(model, inputs, names, progress)
+                tracer, result = _recorded(model, inputs, names, progress, attributes, objects)
             else:
                 tracer, result = _traced(model, inputs, names, progress, generators, attributes), None
         _refuse_changes_to_the_model(model, attributes, objects)
@@ -94,15 +94,15 @@ def _put_back(changeable: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
             t.copy_(before)
 
 
-def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress
-              ) -> tuple[Recording | Tracer, tuple]:
+def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
+              attributes: HeldAttributes, objects: PlainObjects) -> tuple[Recording | Tracer, tuple]:
     """The graph of ``model``'s call on ``inputs``, recorded while the call runs (:mod:`~dynamo_relational.
     recorder`), and the call's result in a 1-tuple. Where the recording gives up, the call has run as eager's
     and its result stands; the graph is then traced from copies of the tensors (nothing the call changed is
     changed again). A call that raises is traced from copies too, for the tracer's error naming the line."""
     recording = Recording(model, inputs, names)
     try:
-        recording.run(model, inputs)
+        recording.run(model, inputs, attributes, objects)
     except Exception:
         _traced(model, inputs, names, progress, generator_states(), HeldAttributes(model))
         raise

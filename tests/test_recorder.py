@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import types
 
 import pytest
 import torch
@@ -56,6 +57,7 @@ class _Case(nn.Module):
     def __init__(self, case: str):
         super().__init__()
         self.case, self.lin = case, nn.Linear(3, 3)
+        self.box = types.SimpleNamespace()
 
     def forward(self, x):
         h = self.lin(x)
@@ -74,6 +76,9 @@ class _Case(nn.Module):
         if self.case == "a value stored in the model":
             self.last = h
             return h
+        if self.case == "a value stored on an object the model holds":
+            self.box.h = h
+            return h
         raise AssertionError(self.case)
 
 
@@ -81,11 +86,13 @@ _REASONS = {"a Python read of a value": "item has a value-dependent output", "a 
             "a write into a tensor made without a traced value": "writes into a tensor made without",
             "random numbers drawn without a traced argument": "draws random numbers without a traced argument",
             "a custom autograd Function": "custom autograd Function",
-            "a value stored in the model": "stored a traced value in the model"}
+            "a value stored in the model": "stored a traced value in the model",
+            "a value stored on an object the model holds": "stored a traced value in the model"}
 
 
 _REFUSED = {"a Python read of a value": "data-dependent control flow",
-            "a value stored in the model": "assigned a traced tensor"}
+            "a value stored in the model": "assigned a traced tensor",
+            "a value stored on an object the model holds": "stores a traced value"}
 
 
 @pytest.mark.parametrize("case", sorted(_REASONS))
@@ -98,6 +105,7 @@ def test_the_recording_gives_up_where_it_cannot_see_the_call_in_full_and_the_tra
         if case in _REFUSED:   # refused by the tracer, naming the line, as before there was a recorder
             with pytest.raises(FrontendError, match=_REFUSED[case]):
                 trace(model, [x], ["x"], live=True)
+            assert not hasattr(model, "last") and not vars(model.box)   # the call's stores are undone
             return
         state = torch.get_rng_state()
         recorded = trace(model, [x], ["x"], live=True)
