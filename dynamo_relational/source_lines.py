@@ -70,6 +70,9 @@ def format_frame(code: CodeType, line: int) -> str:
     return f'  File "{code.co_filename}", line {line}, in {code.co_name}\n    {text}\n'
 
 
+_formatted: dict[Frame, str] = {}
+
+
 def formatted_frame(frame: Frame | None) -> str:
     """``frame`` in Dynamo's ``stack_trace`` format (what the grouping's code-site hint reads); "" for none."""
     if frame is None:
@@ -78,9 +81,6 @@ def formatted_frame(frame: Frame | None) -> str:
     if text is None:
         text = _formatted[frame] = format_frame(*frame)
     return text
-
-
-_formatted: dict[Frame, str] = {}
 
 
 def user_line(user_frames: list[Frame]) -> str:

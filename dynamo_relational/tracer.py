@@ -68,7 +68,7 @@ def gc_paused() -> Iterator[None]:
 _TENSOR_METHODS: dict[Any, bool] = {}
 
 
-def is_tensor_method(func: Callable) -> bool:
+def _is_tensor_method(func: Callable) -> bool:
     """torch's ``is_tensor_method_or_property``, remembered per function (torch's enters a warnings context
     on every call: a few percent of tracing)."""
     try:
@@ -78,7 +78,6 @@ def is_tensor_method(func: Callable) -> bool:
         return known
     except TypeError:   # an unhashable callable
         return is_tensor_method_or_property(func)
-
 
 
 class Tracer(fx.Tracer):
@@ -169,7 +168,7 @@ class Tracer(fx.Tracer):
         """A proxy for the call ``func(*args, **kwargs)`` of a torch function or tensor method."""
         if self.wrote_untraced is None and writes_untraced_tensor(func, args):
             self.wrote_untraced = self.user_line()
-        if is_tensor_method(func):
+        if _is_tensor_method(func):
             return self.create_proxy("call_method", func.__name__, args, kwargs)
         return self.create_proxy("call_function", func, args, kwargs)
 

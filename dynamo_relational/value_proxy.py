@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 
 #: what a tensor's shape, dtype and device answer (a traced value's static metadata)
 STATIC_ATTRIBUTES = ("shape", "dtype", "device", "ndim", "layout", "is_cuda", "is_cpu", "is_sparse",
-                      "is_quantized", "is_meta", "is_mkldnn", "is_nested")
+                     "is_quantized", "is_meta", "is_mkldnn", "is_nested")
 STATIC_METHODS = ("size", "dim", "ndimension", "numel", "nelement", "element_size", "stride",
-                   "is_floating_point", "is_complex", "is_signed", "is_contiguous", "get_device")
+                  "is_floating_point", "is_complex", "is_signed", "is_contiguous", "get_device")
 _VALUE_METHODS = ("item", "tolist", "numpy", "__array__", "data_ptr")
 _IN_PLACE_OPERATORS = {"__iadd__": operator.iadd, "__isub__": operator.isub, "__imul__": operator.imul,
                        "__itruediv__": operator.itruediv, "__ifloordiv__": operator.ifloordiv,
