@@ -127,17 +127,27 @@ class Recording(TorchFunctionMode):
 
     # -- arguments -----------------------------------------------------------
     def _reads_traced(self, args: tuple, kwargs: dict) -> bool:
-        """Whether an argument (or an item of a list or tuple argument) is a traced tensor or the model's."""
+        """Whether a tensor among the arguments (also in lists, tuples and dicts) is traced or the model's."""
         for group in (args, kwargs.values()):
             for a in group:
                 if isinstance(a, torch.Tensor):
-                    if id(a) in self._nodes or id(a) in self._model_names:
+                    if self._known(a):
                         return True
                 elif type(a) is list or type(a) is tuple:
                     for b in a:
-                        if isinstance(b, torch.Tensor) and (id(b) in self._nodes or id(b) in self._model_names):
+                        if self._known(b) if isinstance(b, torch.Tensor) else self._nested(b):
                             return True
+                elif self._nested(a):
+                    return True
         return False
+
+    def _known(self, t: torch.Tensor) -> bool:
+        return id(t) in self._nodes or id(t) in self._model_names
+
+    def _nested(self, value: Any) -> bool:
+        """Whether ``value``, a list, tuple or dict, holds a traced tensor or the model's at any depth."""
+        return isinstance(value, (list, tuple, dict)) and any(
+            isinstance(t, torch.Tensor) and self._known(t) for t in pytree.tree_leaves(value))
 
     def _arg(self, a: Any) -> Any:
         kind = type(a)

@@ -141,3 +141,31 @@ def test_random_ops_and_buffer_updates_are_recorded_as_the_call_makes_them():
     torch.testing.assert_close(model[1].running_mean, twin[1].running_mean, rtol=0, atol=0)
     assert model[1].num_batches_tracked == 1
     assert {"dropout", "add_"} <= {getattr(n.target, "__name__", n.target) for n in recorded.graph.graph.nodes}
+
+
+def _nested_sum(groups):
+    """A function that torch's overrides dispatch, taking tensors in lists of lists."""
+    flat = tuple(t for group in groups for t in group)
+    if torch.overrides.has_torch_function(flat):
+        return torch.overrides.handle_torch_function(_nested_sum, flat, groups)
+    return sum(flat)
+
+
+def test_a_call_on_traced_tensors_nested_in_its_arguments_is_recorded_not_frozen():
+    class Nested(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = self.lin(x)
+            with torch.no_grad():   # (no gradient would tell a frozen value)
+                s = _nested_sum([[h[0]], [h[1]]])
+            return h + s
+
+    model = Nested().double()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    with patches_installed():
+        recorded = trace(model, [x], ["x"], live=True)
+    other = torch.randn(2, 3, dtype=torch.float64)
+    torch.testing.assert_close(recorded.graph(other)[0], model(other))
