@@ -244,7 +244,8 @@ class Recording(TorchFunctionMode):
         if isinstance(out, torch.Tensor):
             node.meta["rel_info"] = value_info(out)
             self._traced(out, node)
-        elif type(out) in (tuple, list) and out and all(isinstance(t, torch.Tensor) for t in out):
+        elif isinstance(out, (tuple, list)) and out and all(isinstance(t, torch.Tensor) for t in out):
+            # (also torch.return_types: h.max(0).values reads the item itself)
             node.meta["rel_info"] = None
             source = node
             if node.target == "unbind" and node.args[1:] in ((), (0,)) and not node.kwargs:

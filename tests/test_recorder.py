@@ -169,3 +169,23 @@ def test_a_call_on_traced_tensors_nested_in_its_arguments_is_recorded_not_frozen
         recorded = trace(model, [x], ["x"], live=True)
     other = torch.randn(2, 3, dtype=torch.float64)
     torch.testing.assert_close(recorded.graph(other)[0], model(other))
+
+
+def test_ops_returning_several_tensors_record_a_getitem_per_result():
+    class Several(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            a, b = torch.split(h, 2, dim=1)
+            return h.max(0).values + torch.min(a * b, dim=1)[0].sum()
+
+    model = Several().double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    assert record(model, [x], ["x"]).unusable is None
+    with patches_installed():
+        recorded = trace(model, [x], ["x"], live=True)
+    other = torch.randn(5, 3, dtype=torch.float64)
+    torch.testing.assert_close(recorded.graph(other)[0], model(other))
