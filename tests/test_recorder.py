@@ -151,41 +151,41 @@ def _nested_sum(groups):
     return sum(flat)
 
 
-def test_a_call_on_traced_tensors_nested_in_its_arguments_is_recorded_not_frozen():
-    class Nested(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(3, 3)
+class _Linear(nn.Module):
+    """A linear layer, then ``then`` of its result."""
 
-        def forward(self, x):
-            h = self.lin(x)
-            with torch.no_grad():   # (no gradient would tell a frozen value)
-                s = _nested_sum([[h[0]], [h[1]]])
-            return h + s
+    def __init__(self, then, features: int = 3):
+        super().__init__()
+        self.lin, self.then = nn.Linear(3, features), then
 
-    model = Nested().double()
-    x = torch.randn(2, 3, dtype=torch.float64)
-    with patches_installed():
-        recorded = trace(model, [x], ["x"], live=True)
-    other = torch.randn(2, 3, dtype=torch.float64)
-    torch.testing.assert_close(recorded.graph(other)[0], model(other))
+    def forward(self, x):
+        return self.then(self.lin(x))
 
 
-def test_ops_returning_several_tensors_record_a_getitem_per_result():
-    class Several(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(3, 4)
-
-        def forward(self, x):
-            h = self.lin(x)
-            a, b = torch.split(h, 2, dim=1)
-            return h.max(0).values + torch.min(a * b, dim=1)[0].sum()
-
-    model = Several().double()
-    x = torch.randn(5, 3, dtype=torch.float64)
+def _assert_recorded_and_replayed(model: nn.Module, rows: int) -> None:
+    """``model``'s call is recorded in full, and its graph computes the model on other inputs too."""
+    x = torch.randn(rows, 3, dtype=torch.float64)
     assert record(model, [x], ["x"]).unusable is None
     with patches_installed():
         recorded = trace(model, [x], ["x"], live=True)
-    other = torch.randn(5, 3, dtype=torch.float64)
+    other = torch.randn(rows, 3, dtype=torch.float64)
     torch.testing.assert_close(recorded.graph(other)[0], model(other))
+
+
+def _plus_nested_sum(h):
+    with torch.no_grad():   # (no gradient would tell a frozen value)
+        s = _nested_sum([[h[0]], [h[1]]])
+    return h + s
+
+
+def test_a_call_on_traced_tensors_nested_in_its_arguments_is_recorded_not_frozen():
+    _assert_recorded_and_replayed(_Linear(_plus_nested_sum).double(), rows=2)
+
+
+def _maxima(h):
+    a, b = torch.split(h, 2, dim=1)
+    return h.max(0).values + torch.min(a * b, dim=1)[0].sum()
+
+
+def test_ops_returning_several_tensors_record_a_getitem_per_result():
+    _assert_recorded_and_replayed(_Linear(_maxima, features=4).double(), rows=5)
