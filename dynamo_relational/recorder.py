@@ -289,8 +289,7 @@ class Recording(TorchFunctionMode):
         if self.unusable is None and not self.drew and drew_since(generators):
             # (with random ops recorded, the calls without a traced argument were checked by name)
             self.unusable = "random numbers were drawn outside the recorded calls"
-        if self.unusable is None:
-            self._refuse_stored_values(module_attributes, attributes, objects)
+        self._refuse_stored_values(module_attributes, attributes, objects)   # (their stores undone in any case)
         if self.unusable is None and returned_constants_share_memory(self.graph, self.attrs,
                                                                      attributes.held_ids()):
             self.unusable = "outputs made without a traced value share memory"
@@ -336,7 +335,7 @@ class Recording(TorchFunctionMode):
             objects.restore()
         elif not stored and attributes.changed(scalars=False) is None:
             return
-        self.unusable = "forward stored a traced value in the model, or changed a tensor it holds"
+        self.unusable = self.unusable or "forward stored a traced value in the model, or changed a tensor it holds"
 
 
 def _static_name(func) -> str | None:
