@@ -16,6 +16,8 @@ def node_name(graph: fx.Graph, target: Any) -> str:
     except TypeError:   # unhashable target
         return graph._target_to_str(target)
     if name is None:
+        if len(_TARGET_NAMES) > 4096:   # (targets are few; a bound for functions made anew per trace)
+            _TARGET_NAMES.clear()
         name = _TARGET_NAMES[target] = graph._target_to_str(target)
     return name
 

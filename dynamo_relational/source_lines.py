@@ -79,6 +79,8 @@ def formatted_frame(frame: Frame | None) -> str:
         return ""
     text = _formatted.get(frame)
     if text is None:
+        if len(_formatted) > 65536:   # (a bound for code made anew at run time)
+            _formatted.clear()
         text = _formatted[frame] = format_frame(*frame)
     return text
 
