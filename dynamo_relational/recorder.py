@@ -38,10 +38,10 @@ from torch.utils import _pytree as pytree
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
 from .forward_constants import returned_constants_share_memory
 from .model_state import HeldAttributes, PlainObjects, traced_in
+from .nodes import new_node, node_name
 from .ops.base import value_info
 from .ops.facts import writes
 from .source_lines import formatted_frame, innermost_frame
-from .nodes import new_node, node_name
 from .tracer import PLAIN_TYPES
 from .untraced_calls import drew_since, generator_states, is_random, random_ops
 from .value_proxy import STATIC_ATTRIBUTES, STATIC_METHODS
