@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+
 def _is_proxy(value: Any) -> bool:
     """A value of the tracer's (its proxies)."""
     return isinstance(value, fx.Proxy)

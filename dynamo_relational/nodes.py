@@ -27,8 +27,8 @@ def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict,
     """``graph.create_node`` for a trace's static shapes, faster: the arguments are set after creation, as
     the args setter does, without Graph.create_node's pytree walk looking for SymInts (~15% of tracing) and
     Node.__setattr__'s removal and reinsertion of the node in the graph's table by op and target, which
-    arguments do not change (~10%)."""
-    node = graph.create_node(kind, target, (), {}, name, type_expr)
+    arguments do not change (~10%); the name is fx's for ``target`` unless given, found once per target."""
+    node = graph.create_node(kind, target, (), {}, node_name(graph, target) if name is None else name, type_expr)
     if args or kwargs:
         node._update_args_kwargs(args, kwargs)
     return node

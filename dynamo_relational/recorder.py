@@ -38,7 +38,7 @@ from torch.utils import _pytree as pytree
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
 from .forward_constants import returned_constants_share_memory
 from .model_state import HeldAttributes, PlainObjects, traced_in
-from .nodes import new_node, node_name
+from .nodes import new_node
 from .ops.base import value_info
 from .ops.facts import writes
 from .source_lines import formatted_frame, innermost_frame
@@ -212,7 +212,7 @@ class Recording(TorchFunctionMode):
             kind, target = "call_method", name
         else:
             kind, target = "call_function", func
-        node = new_node(self.graph, kind, target, self._arg(args), self._arg(kwargs), node_name(self.graph, target))
+        node = new_node(self.graph, kind, target, self._arg(args), self._arg(kwargs))
         written = writes(node)
         if written and not self._writable(node):
             raise _Unusable(f"{target} writes into a tensor made without a traced value")
@@ -253,8 +253,7 @@ class Recording(TorchFunctionMode):
                 source = cast(fx.Node, node.args[0])
                 self.graph.erase_node(node)
             for i, t in enumerate(out):   # (fx's proxies record a getitem for each item read)
-                item = new_node(self.graph, "call_function", operator.getitem, (source, i), {},
-                                node_name(self.graph, operator.getitem))
+                item = new_node(self.graph, "call_function", operator.getitem, (source, i), {})
                 item.meta["stack_trace"] = node.meta.get("stack_trace", "")
                 item.meta["rel_info"] = value_info(t)
                 self._traced(t, item)

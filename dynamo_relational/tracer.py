@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
 from .errors import FrontendError
-from .nodes import new_node, node_name
+from .nodes import new_node
 from .ops.base import value_info
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress
 from .schemas import autocast_state
@@ -49,7 +49,7 @@ _is_grad_enabled = torch.is_grad_enabled
 _is_autocast_enabled = torch._C._is_any_autocast_enabled
 _CALLS_AND_OUTPUT = frozenset(("call_function", "call_method", "output"))
 PLAIN_TYPES = frozenset([int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout,
-                          torch.memory_format])
+                         torch.memory_format])
 
 
 @contextlib.contextmanager
@@ -236,8 +236,6 @@ class Tracer(fx.Tracer):
         if kind in _CALLS_AND_OUTPUT and (_is_grad_enabled() is not self._grad_enabled or (
                 _is_autocast_enabled() if self._autocast is None else autocast_state() != self._autocast)):
             self._record_modes()
-        if name is None and kind in ("call_function", "call_method"):
-            name = node_name(self.graph, target)
         # (Not fx's TracerBase.create_node: its module scopes, preserved metadata and stack traces are not used.)
         node = new_node(self.graph, kind, target, args, kwargs, name, type_expr)
         if kind == "get_attr":

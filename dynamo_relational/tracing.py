@@ -100,18 +100,20 @@ def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str]
     recorder`), and the call's result in a 1-tuple. Where the recording gives up, the call has run as eager's
     and its result stands; the graph is then traced from copies of the tensors (nothing the call changed is
     changed again). A call that raises is traced from copies too, for the tracer's error naming the line."""
+    def from_copies() -> Tracer:   # (the generators and attributes as the call left them)
+        return _traced(model, inputs, names, progress, generator_states(), HeldAttributes(model))
+
     recording = Recording(model, inputs, names)
     try:
         recording.run(model, inputs, attributes, objects)
     except Exception:
-        _traced(model, inputs, names, progress, generator_states(), HeldAttributes(model))
+        from_copies()
         raise
-    if recording.unusable is None:
-        return recording, cast(tuple, recording.call_result)
-    log.debug("relational: recording %s gave up (%s); tracing from copies", type(model).__name__,
-              recording.unusable)
-    return _traced(model, inputs, names, progress, generator_states(), HeldAttributes(model)), \
-        cast(tuple, recording.call_result)
+    if recording.unusable is not None:
+        log.debug("relational: recording %s gave up (%s); tracing from copies", type(model).__name__,
+                  recording.unusable)
+    tracer = recording if recording.unusable is None else from_copies()
+    return tracer, cast(tuple, recording.call_result)
 
 
 def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from dynamo_relational.nodes import new_node, node_name
+from dynamo_relational.nodes import new_node
 from dynamo_relational.ops import REGISTRY, NeuronOp, TensorInfo, tensor_info
 from dynamo_relational.ops.base import node_args
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
@@ -104,7 +104,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node in reversed(order):   # readers first
         if node.users and not ragged[node].joined:   # read elsewhere too: rows joined again for them
             with graph.inserting_after(node):
-                joined = new_node(graph, "call_function", torch.cat, (parts[node], 0), {}, node_name(graph, torch.cat))
+                joined = new_node(graph, "call_function", torch.cat, (parts[node], 0), {})
             joined.meta = dict(node.meta)
             node.replace_all_uses_with(joined)
         if not node.users:
@@ -233,7 +233,7 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
                 return parts[a][j] if a in parts else value.reads.get(a, a)
             args = fx.node.map_arg(node.args, operand)
             kwargs = fx.node.map_arg(node.kwargs, operand)
-            part = new_node(graph, node.op, node.target, args, kwargs, node_name(graph, node.target))
+            part = new_node(graph, node.op, node.target, args, kwargs)
             part.meta = {**meta, "rel_info": value.part}
             made.append(part)
     return made
@@ -250,7 +250,7 @@ def _reduce_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, n
         return n
 
     def call(kind: str, target, *args) -> fx.Node:
-        return new_node(graph, kind, target, args, {}, node_name(graph, target))
+        return new_node(graph, kind, target, args, {})
 
     rows = part.shape[0]
     reduce = "sum" if name == "mean" and rows != 1 else name

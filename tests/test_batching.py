@@ -3,6 +3,7 @@ sample by sample equal to eager (outputs and gradients), with no tracing or grou
 from __future__ import annotations
 
 import copy
+import gc
 import operator
 import dataclasses
 import random
@@ -66,10 +67,6 @@ def test_a_kept_structure_holds_its_trace_as_records_not_fx_nodes(kind):
 def test_a_traced_structure_is_freed_without_the_cyclic_collector(kind):
     """Once a trace is records, its graph (hundreds of fx nodes per sample, linked to each other) is freed by
     reference counting, not left for the cyclic garbage collector to find."""
-    import gc
-
-    from examples.per_sample import MODELS, dataset
-
     data = dataset(kind, 8, features=4, dtype=torch.float64)
     batched = dynamo_relational.batch(MODELS[kind][0](4).double(), progress=False)
     gc.collect()
