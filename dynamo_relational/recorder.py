@@ -25,7 +25,7 @@ from __future__ import annotations
 import operator
 import sys
 from types import FrameType
-from typing import Any, Sequence, cast
+from typing import Any, NamedTuple, Sequence, cast
 
 import numpy
 import torch
@@ -40,10 +40,10 @@ from .forward_constants import returned_constants_share_memory
 from .model_state import HeldAttributes, PlainObjects, traced_in
 from .nodes import new_node
 from .ops.base import value_info
-from .ops.facts import writes
+from .ops.facts import target_writes
 from .source_lines import formatted_frame, innermost_frame
 from .tracer import PLAIN_TYPES
-from .untraced_calls import drew_since, generator_states, is_random, random_ops
+from .untraced_calls import drew_since, generator_states, random_ops
 from .value_proxy import STATIC_ATTRIBUTES, STATIC_METHODS
 
 _is_grad_enabled = torch.is_grad_enabled
@@ -109,11 +109,11 @@ class Recording(TorchFunctionMode):
             if getattr(func, "__name__", None) in random_ops():
                 self.unusable = f"{func.__name__} draws random numbers without a traced argument"
             return func(*args, **kwargs)
+        recipe = _recipe(func)
+        if recipe is None:   # (a shape, dtype or device read, or len(): static)
+            return func(*args, **kwargs)
         try:
-            name = _static_name(func)
-            if name in _STATIC:
-                return func(*args, **kwargs)
-            node, written = self._node(func, args, kwargs)
+            node, written = self._node(recipe, args, kwargs)
         except _Unusable as e:
             self.unusable = str(e)
             return func(*args, **kwargs)
@@ -156,10 +156,10 @@ class Recording(TorchFunctionMode):
         if isinstance(a, torch.Tensor):
             node = self._nodes.get(id(a))
             return node if node is not None else self._attr_node(a)
-        if kind is list:
-            return [self._arg(x) for x in a]
-        if kind is tuple or kind is torch.Size:
-            return kind([self._arg(x) for x in a])
+        if kind is list or kind is tuple or kind is torch.Size:
+            nodes = self._nodes   # (ids of traced tensors are unique: the recording keeps the tensors alive)
+            items = [node if (node := nodes.get(id(x))) is not None else self._arg(x) for x in a]
+            return items if kind is list else kind(items)
         if kind is dict and all(type(k) is str for k in a):
             return {k: self._arg(v) for k, v in a.items()}
         if kind is slice:
@@ -189,36 +189,27 @@ class Recording(TorchFunctionMode):
         return node
 
     # -- nodes ---------------------------------------------------------------
-    def _node(self, func, args: tuple, kwargs: dict) -> tuple[fx.Node, bool]:
-        """The node recording ``func(*args, **kwargs)``, and whether it writes into its first operand."""
+    def _node(self, recipe: _Recipe, args: tuple, kwargs: dict) -> tuple[fx.Node, bool]:
+        """The node recording a call by ``recipe``, and whether it writes into its first operand."""
         if _is_autocast_enabled():
             raise _Unusable("autocast")
         if _is_grad_enabled() is not self._grad_enabled:
             self._grad_enabled = _is_grad_enabled()
             self.graph.create_node("call_function", torch._C._set_grad_enabled, (self._grad_enabled,), {})
-        name = getattr(func, "__name__", None)
-        target: Any
-        if name in _OPERATORS and len(args) == 2 and not kwargs:
-            kind, target = "call_function", _OPERATORS[name]
-        elif name in _REFLECTED and len(args) == 2 and not kwargs:
-            kind, target, args = "call_function", _REFLECTED[name], (args[1], args[0])
-        elif name == "neg" and len(args) == 1 and not kwargs:
-            kind, target = "call_function", operator.neg
-        elif name == "__setitem__" and len(args) == 3 and not kwargs:
-            kind, target = "call_function", operator.setitem
-        elif type(func).__name__ == "method-wrapper":
-            raise _Unusable(f"reads the tensor attribute {_static_name(func)}")
-        elif name is not None and getattr(torch.Tensor, name, None) is func:
-            kind, target = "call_method", name
-        else:
-            kind, target = "call_function", func
-        node = new_node(self.graph, kind, target, self._arg(args), self._arg(kwargs))
-        written = writes(node)
+        if recipe.unusable is not None:
+            raise _Unusable(recipe.unusable)
+        form = recipe.call
+        if recipe.operator is not None and len(args) == recipe.operator.arity and not kwargs:
+            form = recipe.operator
+            if form.reflected:
+                args = (args[1], args[0])
+        node = new_node(self.graph, form.kind, form.target, self._arg(args), self._arg(kwargs) if kwargs else {})
+        written = form.writes or bool(kwargs) and (kwargs.get("inplace") is True or kwargs.get("out") is not None)
         if written and not self._writable(node):
-            raise _Unusable(f"{target} writes into a tensor made without a traced value")
-        if is_random(node, ()):
+            raise _Unusable(f"{form.target} writes into a tensor made without a traced value")
+        if form.random:
             self.drew = True
-        node.meta["stack_trace"] = formatted_frame(innermost_frame(self._stop))
+        node.meta["stack_trace"] = formatted_frame(innermost_frame(self._stop, skip=2))   # (_node, the mode)
         return node, written
 
     def _writable(self, node: fx.Node) -> bool:
@@ -342,6 +333,77 @@ def _static_name(func) -> str | None:
     if type(func).__name__ == "method-wrapper":   # a tensor attribute's getter
         return getattr(func.__self__, "__name__", None)
     return getattr(func, "__name__", None)
+
+
+class _Form(NamedTuple):
+    """The node a call is recorded as, and what its target is known to do."""
+    kind: str
+    target: Any
+    #: whether it draws random numbers
+    random: bool
+    #: whether it writes into its first operand (``out=`` and ``inplace=True`` are looked at per call)
+    writes: bool
+    #: a reflected operator's operands are swapped (``2 - x`` reaches the mode as ``x.__rsub__(2)``)
+    reflected: bool = False
+    #: the positional arguments a call must have, and no keywords, for an operator's form
+    arity: int = 0
+
+
+class _Recipe(NamedTuple):
+    """How the calls of one function are recorded, found once per function (:func:`_recipe`)."""
+    call: _Form
+    #: the ``operator`` target for a tensor operator's calls of its arity
+    operator: _Form | None = None
+    #: why its calls cannot be recorded
+    unusable: str | None = None
+
+
+_RECIPES: dict[Any, _Recipe | None] = {}
+
+
+def _recipe(func) -> _Recipe | None:
+    """How calls of ``func`` are recorded; None for the static reads (a tensor's shape, dtype, ...)."""
+    try:
+        return _RECIPES[func]
+    except KeyError:
+        pass
+    except TypeError:   # unhashable
+        return _new_recipe(func)
+    if len(_RECIPES) > 4096:   # (functions are few; a bound for functions made anew per call)
+        _RECIPES.clear()
+    recipe = _RECIPES[func] = _new_recipe(func)
+    return recipe
+
+
+def _form(kind: str, target: Any, **facts: Any) -> _Form:
+    name = target if kind == "call_method" else getattr(target, "__name__", None)
+    try:
+        written = target_writes(kind, target)
+    except TypeError:   # unhashable target
+        written = False
+    return _Form(kind, target, name in random_ops(), written, **facts)
+
+
+def _new_recipe(func) -> _Recipe | None:
+    name = _static_name(func)
+    if name in _STATIC:
+        return None
+    if type(func).__name__ == "method-wrapper":
+        return _Recipe(_form("call_function", getattr), unusable=f"reads the tensor attribute {name}")
+    if name is not None and getattr(torch.Tensor, name, None) is func:
+        call = _form("call_method", name)
+    else:
+        call = _form("call_function", func)
+    operator_form = None
+    if name in _OPERATORS:
+        operator_form = _form("call_function", _OPERATORS[name], arity=2)
+    elif name in _REFLECTED:
+        operator_form = _form("call_function", _REFLECTED[name], arity=2, reflected=True)
+    elif name == "neg":
+        operator_form = _form("call_function", operator.neg, arity=1)
+    elif name == "__setitem__":
+        operator_form = _form("call_function", operator.setitem, arity=3)
+    return _Recipe(call, operator_form)
 
 
 def record(model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str]) -> Recording:

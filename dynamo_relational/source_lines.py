@@ -47,8 +47,10 @@ def frames(stop: FrameType | None) -> list[Frame]:
     return out
 
 
-def innermost_frame(stop: FrameType | None) -> Frame | None:
-    frame: FrameType | None = sys._getframe(1)
+def innermost_frame(stop: FrameType | None, skip: int = 0) -> Frame | None:
+    """The innermost user frame between ``stop`` and the caller, whose ``skip`` innermost frames are known to be
+    internal (not walked: Python makes a frame object for each frame walked)."""
+    frame: FrameType | None = sys._getframe(1 + skip)
     known = _internal_code.get   # (inlined :func:`_is_internal`: the tracer walks these frames for every op)
     while frame is not None and frame is not stop:
         code = frame.f_code
