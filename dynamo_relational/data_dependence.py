@@ -41,14 +41,16 @@ _STATIC_COMPOSITES = frozenset([
 ])
 
 
-def _static(node: fx.Node) -> bool:
+def static_target(op: str, target) -> bool:
+    """Whether calls of ``target`` have a static output shape unless an operand is read as a number
+    (:func:`reads_a_number`); ``x[i]`` is not (a boolean mask), :func:`needs_check` looks at its index."""
     try:
-        return node.target in _STATIC_COMPOSITES or target_shape_static(node.op, node.target)
+        return target is not operator.getitem and (target in _STATIC_COMPOSITES or target_shape_static(op, target))
     except TypeError:   # unhashable target
         return False
 
 
-def _reads_a_number(node: fx.Node) -> bool:
+def reads_a_number(node: fx.Node) -> bool:
     """Whether an operand is a 0-dim integer tensor: PyTorch reads it as a number where a call takes one
     (``x.reshape(n)``, ``torch.zeros(n)``), which makes the result's shape depend on its value."""
     for operand in node.all_input_nodes:
@@ -69,7 +71,7 @@ def needs_check(node: fx.Node) -> bool:
         if type(index) is int or type(index) is slice and _plain_slice(index):
             return False
         return any(isinstance(a, fx.Node) for a in pytree.tree_leaves(node.args[1:]))
-    return not _static(node) or _reads_a_number(node)
+    return not static_target(node.op, node.target) or reads_a_number(node)
 
 
 class DataDependentOp(Exception):

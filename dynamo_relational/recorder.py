@@ -35,7 +35,7 @@ from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
+from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check, reads_a_number, static_target
 from .forward_constants import returned_constants_share_memory
 from .model_state import HeldAttributes, PlainObjects, traced_in
 from .nodes import new_node
@@ -113,11 +113,11 @@ class Recording(TorchFunctionMode):
         if recipe is None:   # (a shape, dtype or device read, or len(): static)
             return func(*args, **kwargs)
         try:
-            node, written = self._node(recipe, args, kwargs)
+            node, written, static = self._node(recipe, args, kwargs)
         except _Unusable as e:
             self.unusable = str(e)
             return func(*args, **kwargs)
-        out = self._call(node, func, args, kwargs)
+        out = self._call(node, static, func, args, kwargs)
         if self.unusable is None:
             if written:
                 node.meta["rel_info"] = value_info(out)   # (later reads of the operand read its node)
@@ -189,8 +189,9 @@ class Recording(TorchFunctionMode):
         return node
 
     # -- nodes ---------------------------------------------------------------
-    def _node(self, recipe: _Recipe, args: tuple, kwargs: dict) -> tuple[fx.Node, bool]:
-        """The node recording a call by ``recipe``, and whether it writes into its first operand."""
+    def _node(self, recipe: _Recipe, args: tuple, kwargs: dict) -> tuple[fx.Node, bool, bool]:
+        """The node recording a call by ``recipe``, whether it writes into its first operand, and whether its
+        target is shape-static."""
         if _is_autocast_enabled():
             raise _Unusable("autocast")
         if _is_grad_enabled() is not self._grad_enabled:
@@ -210,7 +211,7 @@ class Recording(TorchFunctionMode):
         if form.random:
             self.drew = True
         node.meta["stack_trace"] = formatted_frame(innermost_frame(self._stop, skip=2))   # (_node, the mode)
-        return node, written
+        return node, written, form.static
 
     def _writable(self, node: fx.Node) -> bool:
         """Whether an in-place op writes a traced value or the model's parameter or buffer (writes into
@@ -219,16 +220,17 @@ class Recording(TorchFunctionMode):
         return node.kwargs.get("out") is None and isinstance(written, fx.Node) and (
             written.op != "get_attr" or written.target in self._model_tensors)
 
-    def _call(self, node: fx.Node, func, args: tuple, kwargs: dict) -> Any:
+    def _call(self, node: fx.Node, static: bool, func, args: tuple, kwargs: dict) -> Any:
         """``func``'s result; an op that may have a value-dependent output (shape) runs under the check that
-        raises on such ATen ops, as the tracer runs it (then the recording gives up and the op runs again)."""
-        if not needs_check(node):
+        raises on such ATen ops, as the tracer runs it (then the recording gives up and the op runs again).
+        ``static``: the node's target is known to be shape-static (:func:`static_target`)."""
+        if static and not reads_a_number(node) or not needs_check(node):
             return func(*args, **kwargs)
         try:
             with self._check:
                 return func(*args, **kwargs)
         except DataDependentOp:
-            self.unusable = f"{node.target} has a value-dependent output"
+            self.unusable = f"{getattr(node.target, '__name__', node.target)} has a value-dependent output"
             return func(*args, **kwargs)
 
     def _record_value(self, node: fx.Node, out: Any) -> None:
@@ -343,6 +345,8 @@ class _Form(NamedTuple):
     random: bool
     #: whether it writes into its first operand (``out=`` and ``inplace=True`` are looked at per call)
     writes: bool
+    #: whether its output shape is static (:func:`~dynamo_relational.data_dependence.static_target`)
+    static: bool
     #: a reflected operator's operands are swapped (``2 - x`` reaches the mode as ``x.__rsub__(2)``)
     reflected: bool = False
     #: the positional arguments a call must have, and no keywords, for an operator's form
@@ -381,7 +385,7 @@ def _form(kind: str, target: Any, **facts: Any) -> _Form:
         written = target_writes(kind, target)
     except TypeError:   # unhashable target
         written = False
-    return _Form(kind, target, name in random_ops(), written, **facts)
+    return _Form(kind, target, name in random_ops(), written, static_target(kind, target), **facts)
 
 
 def _new_recipe(func) -> _Recipe | None:

@@ -86,6 +86,10 @@ class _Case(nn.Module):
         if self.case == "a value stored on an object the model holds":
             self.box.h = h
             return h
+        if self.case == "an output shape that depends on values":
+            return h[torch.nonzero(h > -1e9, as_tuple=True)]
+        if self.case == "a shape read from a traced number":
+            return h.sum() + torch.zeros((h > -1e9).sum(), dtype=h.dtype).sum()
         raise AssertionError(self.case)
 
 
@@ -94,12 +98,16 @@ _REASONS = {"a Python read of a value": "item has a value-dependent output", "a 
             "random numbers drawn without a traced argument": "draws random numbers without a traced argument",
             "a custom autograd Function": "custom autograd Function",
             "a value stored in the model": "stored a traced value in the model",
-            "a value stored on an object the model holds": "stored a traced value in the model"}
+            "a value stored on an object the model holds": "stored a traced value in the model",
+            "an output shape that depends on values": "nonzero has a value-dependent output",
+            "a shape read from a traced number": "zeros has a value-dependent output"}
 
 
 _REFUSED = {"a Python read of a value": "data-dependent control flow",
             "a value stored in the model": "assigned a traced tensor",
-            "a value stored on an object the model holds": "stores a traced value"}
+            "a value stored on an object the model holds": "stores a traced value",
+            "an output shape that depends on values": "value-dependent",
+            "a shape read from a traced number": "value-dependent"}
 
 
 @pytest.mark.parametrize("case", sorted(_REASONS))
