@@ -59,7 +59,7 @@ from .progress import CompileProgress
 from .row_plan import Batch, Refused, RowPlan, analyse
 from .tracer import gc_paused
 from .tracing import trace
-from .tracing_patches import patches_installed
+from .tracing_patches import patches_when_needed
 from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare, run_passes
 
 log = logging.getLogger("dynamo_relational")
@@ -326,7 +326,7 @@ class BatchedModule(nn.Module):
             return set(), {}
         start = time.perf_counter()
         results = {}
-        with gc_paused(), patches_installed(), \
+        with gc_paused(), patches_when_needed(), \
                 CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
             for k, i in new.items():
                 structures[k], result = self._traced(samples[i], tensors[i])

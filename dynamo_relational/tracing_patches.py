@@ -8,8 +8,9 @@
 * the random functions refuse ``generator=`` (:func:`dynamo_relational.untraced_calls.refusing_own_generators`).
 
 Setting a class attribute invalidates the method caches of every subclass (``nn.Module`` has hundreds), so
-installing and removing the patches costs about 1 ms, as much as tracing a small sample: a run of traces
-(:func:`patches_installed`, around all the new samples of a batch) installs them once, and each trace only
+installing and removing the patches costs a few ms, as much as tracing a small sample, and slows the calls
+after it while the caches fill again: a run of traces (:func:`patches_installed`, or
+:func:`patches_when_needed` around all the new samples of a batch) installs them once, and each trace only
 names itself the one they serve (:func:`tracing`). Between traces they act as the functions they wrap."""
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 #: the tracer running ``forward`` now (None between traces), and the patcher of the installed patches
 _current: Tracer | None = None
 _patcher: Any = None
+#: the exit stack of the :func:`patches_when_needed` block running now, which the patches are installed into
+_deferred: contextlib.ExitStack | None = None
 #: the functions fx wraps by default: ``math``'s
 _MATH_FUNCTIONS = {id(f) for name, f in vars(math).items() if not name.startswith("_") and callable(f)}
 
@@ -42,11 +45,37 @@ def current_tracer() -> Tracer | None:
 
 @contextlib.contextmanager
 def patches_installed() -> Iterator[Any]:
-    """The patches in place for every trace run inside (installed here unless an outer run did)."""
-    global _patcher
+    """The patches in place for every trace run inside (installed here unless an outer run did, or kept until
+    the end of an enclosing :func:`patches_when_needed` block)."""
     if _patcher is not None:
         yield _patcher
+    elif _deferred is not None:
+        yield _deferred.enter_context(_installed())
+    else:
+        with _installed() as patcher:
+            yield patcher
+
+
+@contextlib.contextmanager
+def patches_when_needed() -> Iterator[None]:
+    """A run of traces in which the first trace that needs the patches installs them, for the rest of the
+    run. A recorded call needs none (:mod:`~dynamo_relational.recorder`): the batch's samples that the tracer
+    traces share one installation, and a batch whose samples are all recorded installs nothing."""
+    global _deferred
+    if _patcher is not None or _deferred is not None:
+        yield
         return
+    with contextlib.ExitStack() as stack:
+        _deferred = stack
+        try:
+            yield
+        finally:
+            _deferred = None
+
+
+@contextlib.contextmanager
+def _installed() -> Iterator[Any]:
+    global _patcher
     with fx_trace._new_patcher() as patcher, _getting_attributes_as_proxies(), _recording_autograd_functions(), \
             _refusing_traced_attributes(), refusing_own_generators(current_tracer):
         fx_trace._patch_wrapped_functions(patcher)

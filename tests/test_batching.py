@@ -15,6 +15,7 @@ import torch.fx as fx
 from torch import nn
 
 import dynamo_relational
+from dynamo_relational import tracing_patches
 from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MODELS, TreeLSTM, TreeRNN, dataset
 from tests.helpers import BATCH_TOLERANCE, assert_batches_match_eager, traced_per_sample, warnings_logged
@@ -547,6 +548,25 @@ def test_bad_batches_are_refused_with_the_sample_named():
     with pytest.raises(FrontendError, match=r"sample 1: the structure at argument 0\[0\]"):
         batched([([[1], []], torch.randn(2, 3)), ([{1}, []], torch.randn(2, 3))])
     assert batched([]) == []
+
+
+def test_the_tracing_patches_are_installed_once_for_the_samples_the_tracer_traces(monkeypatch):
+    """A batch whose new samples are all recorded installs no patches; the samples whose recording gives up
+    (a number drawn without a traced argument) are traced by the tracer under one installation."""
+    installed = []
+    install = tracing_patches._installed
+
+    def counted():
+        installed.append(nn.Module.__getattr__)
+        return install()
+
+    monkeypatch.setattr(tracing_patches, "_installed", counted)
+    recorded = dataset("treernn", 3, features=3, dtype=torch.float64)
+    dynamo_relational.batch(TreeRNN(3, hidden=4).double())(recorded)
+    assert installed == []
+    dynamo_relational.batch(_Normed(noise=True).double())(recorded)
+    assert len(installed) == 1
+    assert nn.Module.__getattr__ is installed[0]   # undone after the batch
 
 
 def test_the_tracing_patches_serve_every_trace_of_a_batch_and_are_undone_after_it():
