@@ -41,11 +41,14 @@ def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict,
         parsed = _PARSED[candidate] = (candidate, True, True) if match is None else \
             (match.group(1), match.group(2) is not None, _illegal_names.get(candidate) is not None)
     base, numbered, reserved = parsed
-    if numbered or reserved:   # (rare: left to fx)
+    if numbered:   # (rare: left to fx)
         return graph.create_node(kind, target, args, kwargs, candidate, type_expr)
     namespace = graph._graph_namespace
     used = namespace._used_names
     num = namespace._base_count.get(base, 0)
+    if reserved:   # a builtin's or keyword's name (``sum``) is never a node's: ``sum_1``
+        num += 1
+        candidate = f"{base}_{num}"
     while candidate in used:
         num += 1
         candidate = f"{base}_{num}"
