@@ -63,3 +63,9 @@ def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict,
     graph._find_nodes_lookup_table.insert(node)
     graph._len += 1
     return node
+
+
+def set_args(node: fx.Node, args: tuple, kwargs: dict) -> None:
+    """``node.args, node.kwargs = args, kwargs`` without ``Node.__setattr__``'s removal and reinsertion of the
+    node in the graph's table by op and target, which arguments do not change."""
+    node._update_args_kwargs(args, kwargs)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
+from dynamo_relational.nodes import set_args
 from dynamo_relational.ops import aggregate_fn, tensor_info
 from dynamo_relational.ops.aggregate import REDUCTIONS
 from dynamo_relational.ops.elementwise import ADDITIONS
@@ -144,10 +145,10 @@ def _become_aggregate(graph: fx.Graph, node: fx.Node, terms: list, reduce: str) 
     stay, which spares creating a node (and a unique name), rewiring its users and erasing it.
     The ``torch.stack`` it reduced is erased once unused."""
     stacks = [a for a in node.all_input_nodes if a.target is torch.stack]
-    node.op, node.target = "call_function", aggregate_fn
-    node.args = (terms, reduce)
-    if node.kwargs:
-        node.kwargs = {}
+    if node.op != "call_function":   # (each attribute set moves the node in the graph's table by op and target)
+        node.op = "call_function"
+    node.target = aggregate_fn
+    set_args(node, (terms, reduce), {})
     for stack in stacks:
         if not stack.users:
             graph.erase_node(stack)

@@ -105,7 +105,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         if node.users and not ragged[node].joined:   # read elsewhere too: rows joined again for them
             with graph.inserting_after(node):
                 joined = new_node(graph, "call_function", torch.cat, (parts[node], 0), {})
-            joined.meta = dict(node.meta)
+            joined.meta.update(node.meta)   # (in place: setting a node's attribute updates the graph's tables)
             node.replace_all_uses_with(joined)
         if not node.users:
             graph.erase_node(node)
@@ -234,7 +234,7 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
             args = fx.node.map_arg(node.args, operand)
             kwargs = fx.node.map_arg(node.kwargs, operand)
             part = new_node(graph, node.op, node.target, args, kwargs)
-            part.meta = {**meta, "rel_info": value.part}
+            part.meta.update(meta, rel_info=value.part)
             made.append(part)
     return made
 
@@ -246,7 +246,7 @@ def _reduce_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, n
     meta = _meta_without_value(node)
 
     def made(n: fx.Node, info: TensorInfo) -> fx.Node:
-        n.meta = {**meta, "rel_info": info}
+        n.meta.update(meta, rel_info=info)
         return n
 
     def call(kind: str, target, *args) -> fx.Node:
