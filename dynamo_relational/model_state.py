@@ -8,6 +8,7 @@ value, lists and dicts); :class:`PlainObjects` the plain Python objects they rea
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import types
 from typing import Any, Callable
@@ -38,12 +39,13 @@ class HeldAttributes:
         self.held = []   # (module, attribute name, key or _WHOLE, tensor, version) for tensors
         self.scalars = []   # (module, attribute name, value) for Python scalars
         self.containers = []   # (module, attribute name, list or dict, a shallow copy of it)
+        self.inner = []   # (a list or dict item of such a container, a shallow copy of it)
         # The graph reads parameters and buffers live, so aliases of them (``self.weights = [self.lin.weight]``)
         # are not held: an optimizer step bumps their versions and must not trace again.
         registered = {id(t) for t in itertools.chain(model.parameters(), model.buffers())}
         for module in model.modules():
             for name, value in vars(module).items():
-                if name in _MODULE_STATE:
+                if name in MODULE_STATE:
                     continue
                 if type(value) in _SCALARS:
                     self.scalars.append((module, name, value))
@@ -53,6 +55,10 @@ class HeldAttributes:
                 elif isinstance(value, (list, tuple, dict)):
                     if isinstance(value, (list, dict)):
                         self.containers.append((module, name, value, value.copy()))
+                        if not _MUTABLE_TYPES.isdisjoint(map(type, _items(value))):
+                            self.inner += [(item, item.copy()) for item in _items(value) if type(item) in _MUTABLE]
+                    if not any(issubclass(t, torch.Tensor) for t in set(map(type, _items(value)))):
+                        continue   # (the types found in C: a long list of Python data holds no tensor)
                     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
                         if isinstance(item, torch.Tensor) and id(item) not in registered:
                             self.held.append((module, name, key, item, _version(item)))
@@ -82,17 +88,17 @@ class HeldAttributes:
     def stored_proxy(self, traced: Callable[[Any], bool] = _is_proxy) -> tuple[str, Any] | None:
         """The first list or dict attribute (as ``"Model.history"``) that now holds a traced value (one level
         deep), and that value: ``forward`` appended one to it, or stored one in it, while tracing."""
-        for module, name, container, _ in self.containers:
-            for item in (container.values() if isinstance(container, dict) else container):
+        for module, name, container, saved in self.containers:
+            for item in _new_items(container, saved):
                 found = traced_in(item, traced)
                 if found is not None:
                     return f"{type(module).__name__}.{name}", found
         return None
 
     def restore(self) -> None:
-        """Put back the lists and dicts as they were, and the held tensors where they were replaced (changes
-        made in place stay)."""
-        for _, _, container, saved in self.containers:
+        """Put back the lists and dicts as they were (and the lists and dicts they hold, one level deep, as far as
+        :meth:`stored_proxy` looks), and the held tensors where they were replaced (changes made in place stay)."""
+        for container, saved in [(c, saved) for _, _, c, saved in self.containers] + self.inner:
             if isinstance(container, list):
                 container[:] = saved
             else:
@@ -110,6 +116,24 @@ class HeldAttributes:
                         pass
 
 
+def _new_items(container: list | dict, saved: list | dict) -> Any:
+    """The items of ``container`` that may hold a value made since ``saved``, its shallow copy, was taken: an item
+    still in its place holds none, unless it is a list or dict (changed in place), so a long list of Python data
+    is compared by identity instead of walked."""
+    if isinstance(container, dict):
+        assert isinstance(saved, dict)
+        return (v for k, v in container.items() if saved.get(k, _WHOLE) is not v or type(v) in _MUTABLE)
+    if len(container) != len(saved):
+        return container
+    if all(map(operator.is_, container, saved)) and _MUTABLE_TYPES.isdisjoint(map(type, container)):
+        return ()   # (checked in C)
+    return (item for item, before in zip(container, saved) if item is not before or type(item) in _MUTABLE)
+
+
+def _items(container: list | tuple | dict) -> Any:
+    return container.values() if isinstance(container, dict) else container
+
+
 def _version(tensor: torch.Tensor) -> int | None:
     """The tensor's version counter (raised by each in-place change); None for an inference tensor, which has none
     (and cannot be changed in place outside inference mode)."""
@@ -118,7 +142,7 @@ def _version(tensor: torch.Tensor) -> int | None:
 
 #: nn.Module's own state: its parameters, buffers and submodules (the graph reads those as get_attr nodes) and
 #: its train/eval flag (:meth:`RelationalModule._state` keys the graphs by it)
-_MODULE_STATE = frozenset(("_parameters", "_buffers", "_modules", "training"))
+MODULE_STATE = frozenset(("_parameters", "_buffers", "_modules", "training"))
 
 
 class PlainObjects:
@@ -133,7 +157,10 @@ class PlainObjects:
         self.saved: list[tuple[Any, tuple, dict]] = []   # (object, its path, its attributes before tracing)
         seen: set[int] = set()
         stack: list[tuple[Any, tuple]] = [(value, (type(module).__name__, f".{name}")) for module in model.modules()
-                 for name, value in vars(module).items() if name not in _MODULE_STATE]
+                 for name, value in vars(module).items() if name not in MODULE_STATE]
+        inert = _INERT_TUPLES
+        if len(inert) > self.LIMIT:
+            inert.clear()
         while stack and len(seen) < self.LIMIT:
             value, path = stack.pop()
             kind = type(value)
@@ -141,8 +168,14 @@ class PlainObjects:
                 continue
             seen.add(id(value))
             if kind is list or kind is tuple:
-                if not _SCALARS.issuperset(map(type, value)):   # (checked in C: most lists hold numbers only)
-                    stack.extend((v, (path, f"[{i}]")) for i, v in enumerate(value) if type(v) not in _SCALARS)
+                # (checked in C: most lists hold numbers only, or tuples walked before)
+                if _SCALARS.issuperset(map(type, value)) or all(map(inert.__contains__, map(id, value))) or \
+                        kind is tuple and all(type(v) in _SCALARS or id(v) in inert for v in value):
+                    if kind is tuple:
+                        inert[id(value)] = value
+                    continue
+                stack.extend((v, (path, f"[{i}]")) for i, v in enumerate(value)
+                             if type(v) not in _SCALARS and id(v) not in inert)
             elif kind is dict:
                 stack.extend((v, (path, f"[{k!r}]")) for k, v in value.items() if type(v) not in _SCALARS)
             elif hasattr(value, "__dict__") and not callable(value) and not isinstance(value, types.ModuleType):
@@ -192,5 +225,12 @@ def _path_text(path: tuple) -> str:
     return path + "".join(reversed(parts))
 #: the Python scalars that :class:`_Attributes` compares
 _SCALARS = frozenset((int, float, bool, str, complex, type(None)))
+#: the containers whose items can change in place
+_MUTABLE = (list, dict)
+_MUTABLE_TYPES = frozenset(_MUTABLE)
+#: id -> tuple, of the tuples seen to hold only scalars and such tuples, at any depth: they reach no plain object,
+#: ever (a tuple cannot change), so the walk skips them (a model's program as tuples of numbers, walked once
+#: instead of at every trace); kept alive here so that their ids stay theirs
+_INERT_TUPLES: dict[int, tuple] = {}
 #: the key of a tensor held by the attribute itself, not by an item of a list, tuple or dict
 _WHOLE = object()

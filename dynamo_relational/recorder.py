@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check, reads_a_number, static_target
 from .forward_constants import returned_constants_share_memory
-from .model_state import HeldAttributes, PlainObjects, traced_in
+from .model_state import MODULE_STATE, HeldAttributes, PlainObjects, traced_in
 from .nodes import new_node
 from .ops.base import value_info
 from .ops.facts import target_writes
@@ -56,6 +56,9 @@ _REFLECTED = {"__radd__": operator.add, "__rsub__": operator.sub, "__rmul__": op
               "__rdiv__": operator.truediv, "__rtruediv__": operator.truediv, "__rpow__": operator.pow,
               "__rmatmul__": operator.matmul}
 _STATIC = frozenset((*STATIC_ATTRIBUTES, *STATIC_METHODS, "__len__"))
+
+
+_ABSENT = object()
 
 
 class _Unusable(Exception):
@@ -315,8 +318,12 @@ class Recording(TorchFunctionMode):
         def is_traced(value: Any) -> bool:
             return isinstance(value, torch.Tensor) and id(value) in traced
 
+        # (an attribute that still holds what it held holds no new traced value, unless it is a list or dict,
+        # which ``attributes`` looks into, or the module's own state: a long list of Python data is not walked)
         stored = [(module, name, before) for module, before in module_attributes
-                  for name, value in vars(module).items() if traced_in(value, is_traced) is not None]
+                  for name, value in vars(module).items()
+                  if (before.get(name, _ABSENT) is not value or name in MODULE_STATE)
+                  and traced_in(value, is_traced) is not None]
         for module, name, before in stored:
             if name in before:
                 vars(module)[name] = before[name]

@@ -204,3 +204,40 @@ def _maxima(h):
 
 def test_ops_returning_several_tensors_record_a_getitem_per_result():
     _assert_recorded_and_replayed(_Linear(_maxima, features=4).double(), rows=5)
+
+
+class _Program(nn.Module):
+    """A model holding a long program of Python data (tuples of numbers, as the NeuraLogic bridge's steps), a
+    plain object reached through a tuple among them, and a list of lists; ``forward`` stores its value in one
+    of them, as ``store`` says."""
+
+    def __init__(self, store: str):
+        super().__init__()
+        self.store, self.lin = store, nn.Linear(3, 3)
+        self.box = types.SimpleNamespace()
+        self.steps = [("neuron", (i, i + 1), None, (3,)) for i in range(5000)] + [("box", self.box)]
+        self.buffers_ = [[], []]
+
+    def forward(self, x):
+        h = self.lin(x)
+        if self.store == "on the plain object":
+            self.box.h = h
+        elif self.store == "as an item of the program":
+            self.steps[7] = ("value", h)
+        elif self.store == "into an inner list":
+            self.buffers_[1].append(h)
+        return h
+
+
+@pytest.mark.parametrize("store", ["on the plain object", "as an item of the program", "into an inner list"])
+def test_a_value_stored_in_long_python_data_of_the_model_is_found_on_every_call(store):
+    """The walk over the model's Python data skips what cannot have changed (tuples of numbers, items still in
+    their place) and still finds every store, on the first call and on later ones."""
+    x = torch.randn(2, 3)
+    for _ in range(3):   # (later walks skip the tuples seen before)
+        assert record(_Program("nothing"), [x], ["x"]).unusable is None
+    model = _Program(store)
+    for _ in range(3):
+        steps = list(model.steps)
+        assert "stored a traced value in the model" in record(model, [x], ["x"]).unusable
+        assert model.steps == steps and model.buffers_ == [[], []] and not vars(model.box)   # undone
