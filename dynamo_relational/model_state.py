@@ -122,7 +122,7 @@ def _new_items(container: list | dict, saved: list | dict) -> Any:
     is compared by identity instead of walked."""
     if isinstance(container, dict):
         assert isinstance(saved, dict)
-        return (v for k, v in container.items() if saved.get(k, _WHOLE) is not v or type(v) in _MUTABLE)
+        return (v for k, v in container.items() if saved.get(k, _ABSENT) is not v or type(v) in _MUTABLE)
     if len(container) != len(saved):
         return container
     if all(map(operator.is_, container, saved)) and _MUTABLE_TYPES.isdisjoint(map(type, container)):
@@ -234,3 +234,5 @@ _MUTABLE_TYPES = frozenset(_MUTABLE)
 _INERT_TUPLES: dict[int, tuple] = {}
 #: the key of a tensor held by the attribute itself, not by an item of a list, tuple or dict
 _WHOLE = object()
+#: a dict's value where it had none
+_ABSENT = object()

@@ -31,7 +31,8 @@ def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict,
     arguments looking for SymInts, and fx's unique name (``add``, ``add_1``, ...) found without its regex
     where the name asked for is a plain identifier, its parse cached. The node is the one
     ``graph.create_node`` makes: named, inserted at the insert point and in the graph's table by op and
-    target, the owning module's node hooks called."""
+    target, the owning module's node hooks called (it reads fx's internals for that: ``tests/test_nodes.py``
+    compares the two)."""
     candidate = node_name(graph, target) if name is None else name
     parsed = _PARSED.get(candidate)
     if parsed is None:

@@ -58,6 +58,7 @@ _REFLECTED = {"__radd__": operator.add, "__rsub__": operator.sub, "__rmul__": op
 _STATIC = frozenset((*STATIC_ATTRIBUTES, *STATIC_METHODS, "__len__"))
 
 
+#: an attribute's value before the call where it had none
 _ABSENT = object()
 
 
@@ -399,7 +400,7 @@ def _new_recipe(func) -> _Recipe | None:
     name = _static_name(func)
     if name in _STATIC:
         return None
-    if type(func).__name__ == "method-wrapper":
+    if type(func).__name__ == "method-wrapper":   # (its form is never used)
         return _Recipe(_form("call_function", getattr), unusable=f"reads the tensor attribute {name}")
     if name is not None and getattr(torch.Tensor, name, None) is func:
         call = _form("call_method", name)

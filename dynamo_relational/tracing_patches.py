@@ -75,6 +75,7 @@ def patches_when_needed() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _installed() -> Iterator[Any]:
+    """The patches installed for the block; yields fx's patcher."""
     global _patcher
     with fx_trace._new_patcher() as patcher, _getting_attributes_as_proxies(), _recording_autograd_functions(), \
             _refusing_traced_attributes(), refusing_own_generators(current_tracer):
