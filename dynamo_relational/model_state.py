@@ -53,12 +53,13 @@ class HeldAttributes:
                     if id(value) not in registered:
                         self.held.append((module, name, _WHOLE, value, _version(value)))
                 elif isinstance(value, (list, tuple, dict)):
+                    item_types = set(map(type, _items(value)))   # (found in C: a long list of Python data)
                     if isinstance(value, (list, dict)):
                         self.containers.append((module, name, value, value.copy()))
-                        if not _MUTABLE_TYPES.isdisjoint(map(type, _items(value))):
+                        if not _MUTABLE_TYPES.isdisjoint(item_types):
                             self.inner += [(item, item.copy()) for item in _items(value) if type(item) in _MUTABLE]
-                    if not any(issubclass(t, torch.Tensor) for t in set(map(type, _items(value)))):
-                        continue   # (the types found in C: a long list of Python data holds no tensor)
+                    if not any(issubclass(t, torch.Tensor) for t in item_types):
+                        continue
                     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
                         if isinstance(item, torch.Tensor) and id(item) not in registered:
                             self.held.append((module, name, key, item, _version(item)))

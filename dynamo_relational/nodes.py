@@ -12,7 +12,7 @@ _TARGET_NAMES: dict[Any, str] = {}
 _PARSED: dict[str, tuple[str, bool, bool]] = {}
 
 
-def node_name(graph: fx.Graph, target: Any) -> str:
+def _node_name(graph: fx.Graph, target: Any) -> str:
     """fx's name for nodes calling ``target`` (fx runs a regex per node; cached here)."""
     try:
         name = _TARGET_NAMES.get(target)
@@ -33,7 +33,7 @@ def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict,
     ``graph.create_node`` makes: named, inserted at the insert point and in the graph's table by op and
     target, the owning module's node hooks called (it reads fx's internals for that: ``tests/test_nodes.py``
     compares the two)."""
-    candidate = node_name(graph, target) if name is None else name
+    candidate = _node_name(graph, target) if name is None else name
     parsed = _PARSED.get(candidate)
     if parsed is None:
         if len(_PARSED) > 4096:

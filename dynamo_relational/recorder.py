@@ -58,10 +58,6 @@ _REFLECTED = {"__radd__": operator.add, "__rsub__": operator.sub, "__rmul__": op
 _STATIC = frozenset((*STATIC_ATTRIBUTES, *STATIC_METHODS, "__len__"))
 
 
-#: an attribute's value before the call where it had none
-_ABSENT = object()
-
-
 class _Unusable(Exception):
     """Raised inside the mode where the recording gives up; caught there (the call runs on)."""
 
@@ -323,7 +319,7 @@ class Recording(TorchFunctionMode):
         # which ``attributes`` looks into, or the module's own state: a long list of Python data is not walked)
         stored = [(module, name, before) for module, before in module_attributes
                   for name, value in vars(module).items()
-                  if (before.get(name, _ABSENT) is not value or name in MODULE_STATE)
+                  if (name not in before or before[name] is not value or name in MODULE_STATE)
                   and traced_in(value, is_traced) is not None]
         for module, name, before in stored:
             if name in before:
