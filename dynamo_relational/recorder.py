@@ -324,6 +324,7 @@ class Recording(TorchFunctionMode):
         self._kept.clear()
         self._kept_without_grad.clear()
         self._calls.clear()
+        self._merged.clear()
         self._constants.clear()
 
     def _output(self, result: Any) -> None:
