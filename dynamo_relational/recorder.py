@@ -49,6 +49,7 @@ from .untraced_calls import drew_since, generator_states, random_ops
 from .value_proxy import STATIC_ATTRIBUTES, STATIC_METHODS
 
 _is_grad_enabled = torch.is_grad_enabled
+_Node, _Tensor = fx.Node, torch.Tensor
 _is_autocast_enabled = torch._C._is_any_autocast_enabled
 #: the tensor methods that the tensor operators call, recorded as the ``operator`` targets that fx's
 #: proxies record for the operators: ``x + y`` reaches the mode as ``TensorBase.add(x, y)``
@@ -94,7 +95,10 @@ class Recording(TorchFunctionMode):
         self._check = RejectDataDependentOps()
         self._grad_enabled = True
         self._stop: FrameType | None = None
-        #: (kind, target, arguments) -> the node of an earlier call that merges with an equal one (:func:`_merge_key`)
+        #: (target, operands) -> the node of an earlier call of a pure op on these traced values and ints: a later
+        #: call of equal key computes the same value, unless something was written since (the keys are forgotten
+        #: at every write). Per-node code computes ``W @ h[u]`` for each edge from ``u``: one node here instead of
+        #: several that ``cse`` merges later.
         self._calls: dict[tuple, fx.Node] = {}
         #: nodes that stand for the results of several calls
         self._merged: set[fx.Node] = set()
@@ -129,7 +133,7 @@ class Recording(TorchFunctionMode):
                 node.meta["rel_info"] = value_info(out)   # (later reads of the operand read its node)
             else:
                 self._record_value(node, out)
-                if key is not None and type(out) is torch.Tensor:
+                if key is not None and type(out) is _Tensor:
                     self._calls[key] = node
         return out
 
@@ -215,12 +219,17 @@ class Recording(TorchFunctionMode):
             if form.reflected:
                 args = (args[1], args[0])
         operands = self._arg(args)
-        key = _merge_key(form, operands) if form.merges and not kwargs else None
-        if key is not None:
-            twin = self._calls.get(key)
-            if twin is not None:
-                self._merged.add(twin)
-                return twin, False, form.static, None
+        key = None
+        if form.merges and not kwargs:
+            for a in operands:   # traced values and ints alone (True == 1, but x[True] is not x[1])
+                if type(a) is not _Node and type(a) is not int:
+                    break
+            else:
+                key = (form.target, operands)
+                twin = self._calls.get(key)
+                if twin is not None:
+                    self._merged.add(twin)
+                    return twin, False, form.static, None
         node = new_node(self.graph, form.kind, form.target, operands, self._arg(kwargs) if kwargs else {})
         written = form.writes or bool(kwargs) and (kwargs.get("inplace") is True or kwargs.get("out") is not None)
         if written:
@@ -431,17 +440,6 @@ def _form(kind: str, target: Any, **facts: Any) -> _Form:
     random = name in random_ops()
     return _Form(kind, target, random, written, static_target(kind, target), **facts,
                  merges=not random and not written and merges_by_target(kind, target))
-
-
-def _merge_key(form: _Form, operands: tuple) -> tuple | None:
-    """The key of a call of ``form`` on ``operands`` whose operands are traced values and ints alone: an
-    earlier call under the same key computed the same value, unless something was written since (the
-    recording forgets the keys at every write). Two calls of a pure op, such as ``W @ h[u]`` for each edge
-    from ``u``, become one node here instead of two that ``cse`` merges later."""
-    for a in operands:
-        if type(a) is not fx.Node and type(a) is not int:   # (True == 1, but x[True] is not x[1])
-            return None
-    return form.kind, form.target, operands
 
 
 def _new_recipe(func) -> _Recipe | None:
