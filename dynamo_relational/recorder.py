@@ -10,16 +10,17 @@ through them cost 5-14% more on the per-sample examples). Its graph is the trace
 ``getitem`` node per result of an op returning several tensors (and per row of a tensor iterated over),
 ``get_attr`` nodes for the model's parameters and buffers and for the other tensors ops read (constants),
 in-place ops on traced values and on the model's tensors, random ops, the innermost user frame of each
-node, and ``torch._C._set_grad_enabled`` where ``no_grad`` blocks begin and end.
+node, and ``torch._C._set_grad_enabled`` where ``no_grad`` blocks begin and end. Equal calls of a pure op
+(``cse``'s rule) on equal operands between two writes are one node, as ``cse`` would leave them.
 
 Only what the mode can see in full is recorded. The recording gives up, and the call goes on as eager's
 (:attr:`Recording.unusable` says why; the caller traces the structure with the tracer instead), on: a read
 of a traced value by Python (``bool(t)``, ``t.item()``, an attribute other than its shape, dtype or
 device), an op with a value-dependent output shape, a write into a tensor made without a traced value,
-random numbers drawn without a traced argument, an input given twice, autocast, an argument it does not
-know, a tensor computed outside its view (one that requires gradients without being traced), a custom
-autograd Function, a traced value stored in the model (taken out again), or outputs made without a traced
-value that share memory."""
+random numbers drawn without a traced argument, a write into the result of calls recorded as one, an input
+given twice, autocast, an argument it does not know, a tensor computed outside its view (one that requires
+gradients without being traced), a custom autograd Function, a traced value stored in the model (taken out
+again), or outputs made without a traced value that share memory."""
 from __future__ import annotations
 
 import operator
@@ -40,13 +41,15 @@ from .forward_constants import returned_constants_share_memory
 from .model_state import MODULE_STATE, HeldAttributes, PlainObjects, traced_in
 from .nodes import new_node
 from .ops.base import value_info
-from .ops.facts import target_writes
+from .ops.facts import target_may_alias, target_writes
+from .passes.cse import merges_by_target
 from .source_lines import formatted_frame, innermost_frame
 from .tracer import PLAIN_TYPES
 from .untraced_calls import drew_since, generator_states, random_ops
 from .value_proxy import STATIC_ATTRIBUTES, STATIC_METHODS
 
 _is_grad_enabled = torch.is_grad_enabled
+_Node, _Tensor = fx.Node, torch.Tensor
 _is_autocast_enabled = torch._C._is_any_autocast_enabled
 #: the tensor methods that the tensor operators call, recorded as the ``operator`` targets that fx's
 #: proxies record for the operators: ``x + y`` reaches the mode as ``TensorBase.add(x, y)``
@@ -92,6 +95,13 @@ class Recording(TorchFunctionMode):
         self._check = RejectDataDependentOps()
         self._grad_enabled = True
         self._stop: FrameType | None = None
+        #: (target, operands) -> the node of an earlier call of a pure op on these traced values and ints: a later
+        #: call of equal key computes the same value, unless something was written since (the keys are forgotten
+        #: at every write). Per-node code computes ``W @ h[u]`` for each edge from ``u``: one node here instead of
+        #: several that ``cse`` merges later.
+        self._calls: dict[tuple, fx.Node] = {}
+        #: nodes that stand for the results of several calls
+        self._merged: set[fx.Node] = set()
         for name, t in zip(input_names, inputs):
             if id(t) in self._nodes or id(t) in self._model_names:
                 self.unusable = f"input {name} is given twice, or is a tensor of the model"
@@ -113,7 +123,7 @@ class Recording(TorchFunctionMode):
         if recipe is None:   # (a shape, dtype or device read, or len(): static)
             return func(*args, **kwargs)
         try:
-            node, written, static = self._node(recipe, args, kwargs)
+            node, written, static, key = self._node(recipe, args, kwargs)
         except _Unusable as e:
             self.unusable = str(e)
             return func(*args, **kwargs)
@@ -123,6 +133,8 @@ class Recording(TorchFunctionMode):
                 node.meta["rel_info"] = value_info(out)   # (later reads of the operand read its node)
             else:
                 self._record_value(node, out)
+                if key is not None and type(out) is _Tensor:
+                    self._calls[key] = node
         return out
 
     # -- arguments -----------------------------------------------------------
@@ -189,14 +201,16 @@ class Recording(TorchFunctionMode):
         return node
 
     # -- nodes ---------------------------------------------------------------
-    def _node(self, recipe: _Recipe, args: tuple, kwargs: dict) -> tuple[fx.Node, bool, bool]:
-        """The node recording a call by ``recipe``, whether it writes into its first operand, and whether its
-        target is shape-static."""
+    def _node(self, recipe: _Recipe, args: tuple, kwargs: dict) -> tuple[fx.Node, bool, bool, tuple | None]:
+        """The node recording a call by ``recipe`` (an earlier call's, where the two merge), whether it writes
+        into its first operand, whether its target is shape-static, and the key under which a later call
+        merges with it (None: none does)."""
         if _is_autocast_enabled():
             raise _Unusable("autocast")
         if _is_grad_enabled() is not self._grad_enabled:
             self._grad_enabled = _is_grad_enabled()
             self.graph.create_node("call_function", torch._C._set_grad_enabled, (self._grad_enabled,), {})
+            self._calls.clear()   # (a value computed with gradients is another than one computed without)
         if recipe.unusable is not None:
             raise _Unusable(recipe.unusable)
         form = recipe.call
@@ -204,14 +218,44 @@ class Recording(TorchFunctionMode):
             form = recipe.operator
             if form.reflected:
                 args = (args[1], args[0])
-        node = new_node(self.graph, form.kind, form.target, self._arg(args), self._arg(kwargs) if kwargs else {})
+        operands = self._arg(args)
+        key = None
+        if form.merges and not kwargs:
+            for a in operands:   # traced values and ints alone (True == 1, but x[True] is not x[1])
+                if type(a) is not _Node and type(a) is not int:
+                    break
+            else:
+                key = (form.target, operands)
+                twin = self._calls.get(key)
+                if twin is not None:
+                    self._merged.add(twin)
+                    return twin, False, form.static, None
+        node = new_node(self.graph, form.kind, form.target, operands, self._arg(kwargs) if kwargs else {})
         written = form.writes or bool(kwargs) and (kwargs.get("inplace") is True or kwargs.get("out") is not None)
-        if written and not self._writable(node):
-            raise _Unusable(f"{form.target} writes into a tensor made without a traced value")
+        if written:
+            if not self._writable(node):
+                raise _Unusable(f"{form.target} writes into a tensor made without a traced value")
+            if self._merged and self._reaches_merged(cast(fx.Node, node.args[0])):
+                raise _Unusable(f"{form.target} writes into the result of calls recorded as one")
+            self._calls.clear()
         if form.random:
             self.drew = True
         node.meta["stack_trace"] = formatted_frame(innermost_frame(self._stop, skip=2))   # (_node, the mode)
-        return node, written, form.static
+        return node, written, form.static, key
+
+    def _reaches_merged(self, written: fx.Node) -> bool:
+        """Whether ``written`` is, or may be a view of, a node that stands for several calls' results: their
+        eager values are distinct tensors, and a write into one leaves the others as they were."""
+        todo, seen = [written], set()
+        while todo:
+            node = todo.pop()
+            if node in self._merged:
+                return True
+            if node not in seen and node.op in ("call_function", "call_method") \
+                    and target_may_alias(node.op, node.target):
+                seen.add(node)
+                todo.extend(node.all_input_nodes)
+        return False
 
     def _writable(self, node: fx.Node) -> bool:
         """Whether an in-place op writes a traced value or the model's parameter or buffer (writes into
@@ -288,6 +332,8 @@ class Recording(TorchFunctionMode):
         self._nodes.clear()
         self._kept.clear()
         self._kept_without_grad.clear()
+        self._calls.clear()
+        self._merged.clear()
         self._constants.clear()
 
     def _output(self, result: Any) -> None:
@@ -355,6 +401,8 @@ class _Form(NamedTuple):
     reflected: bool = False
     #: the positional arguments a call must have, and no keywords, for an operator's form
     arity: int = 0
+    #: whether two calls without keywords of equal arguments compute equal values (``cse``'s rule)
+    merges: bool = False
 
 
 class _Recipe(NamedTuple):
@@ -389,7 +437,9 @@ def _form(kind: str, target: Any, **facts: Any) -> _Form:
         written = target_writes(kind, target)
     except TypeError:   # unhashable target
         written = False
-    return _Form(kind, target, name in random_ops(), written, static_target(kind, target), **facts)
+    random = name in random_ops()
+    return _Form(kind, target, random, written, static_target(kind, target), **facts,
+                 merges=not random and not written and merges_by_target(kind, target))
 
 
 def _new_recipe(func) -> _Recipe | None:

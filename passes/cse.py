@@ -13,7 +13,7 @@ in-place ops are left alone.
 """
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Any, Hashable
 
 import torch
 import torch.fx as fx
@@ -22,7 +22,8 @@ from torch.fx.immutable_collections import immutable_list
 from dynamo_relational.ops import REGISTRY
 from dynamo_relational.ops.elementwise import RANDOM_IN_TRAINING, draws_random_numbers
 
-from dynamo_relational.ops.facts import is_factory, is_view, target_makes_tensor, target_writes, writes
+from dynamo_relational.ops.facts import (is_factory, is_view, target_is_view, target_makes_tensor, target_writes,
+                                         writes)
 
 from .context import PassContext
 
@@ -110,13 +111,13 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             try:
                 skip = skipped.get((op, target))
                 if skip is None:
-                    skip = skipped[(op, target)] = _skipped_by_target(node)
+                    skip = skipped[(op, target)] = skipped_by_target(op, target)
             except TypeError:   # unhashable target
-                skip = _skipped_by_target(node)
+                skip = _DEPENDS
             if skip is _DEPENDS:
                 skip = _skipped(node)
             elif not skip and kwargs and (kwargs.get("inplace") is True or kwargs.get("out") is not None):
-                skip = True   # writes' check of the keywords, the rest of it is in _skipped_by_target
+                skip = True   # writes' check of the keywords, the rest of it is in skipped_by_target
             if skip:
                 continue
             try:
@@ -158,19 +159,28 @@ def _is_dropout(target) -> bool:
         return False
 
 
-#: what :func:`_skipped_by_target` answers where a node's arguments decide (``getattr(W, "T")``)
+#: what :func:`skipped_by_target` answers where a call's arguments decide (``getattr(W, "T")``)
 _DEPENDS = "depends on the arguments"
 
 
-def _skipped_by_target(node: fx.Node):
-    """:func:`_skipped` for every node of ``node``'s op and target, leaving out the check of the
-    ``inplace=``/``out=`` keywords (the caller makes it per node); :data:`_DEPENDS` where the
-    arguments decide. Every part of it depends on the op and target alone except
-    ``is_view`` of ``getattr``, whether a dropout is in training, whether a factory's arguments are constants,
-    and the family of a target whose calls are in the catalog by their arguments (:meth:`Registry.per_call`)."""
-    op, target = node.op, node.target
+def skipped_by_target(op: str, target: Any):
+    """:func:`_skipped` for every call of ``target`` (``op`` ``call_function`` or ``call_method``), leaving out the
+    check of the ``inplace=``/``out=`` keywords (made per call); :data:`_DEPENDS` where the arguments decide.
+    Every part of it depends on the op and target alone except ``is_view`` of ``getattr``, whether a dropout is
+    in training, whether a factory's arguments are constants, and the family of a target whose calls are in
+    the catalog by their arguments (:meth:`Registry.per_call`)."""
+    if op != "call_function" and op != "call_method":
+        return True
     if op == "call_function" and (target is getattr or _is_dropout(target)) or target_makes_tensor(op, target):
         return _DEPENDS
-    if op in ("call_function", "call_method") and REGISTRY.per_call(op, target):
+    if REGISTRY.per_call(op, target):
         return _DEPENDS   # (torch.max(a, b) is in the catalog, torch.max(a) not)
-    return (REGISTRY.family_of(node) is None and not is_view(node)) or target_writes(op, target)
+    return (not REGISTRY.knows(op, target) and not target_is_view(op, target)) or target_writes(op, target)
+
+
+def merges_by_target(op: str, target: Any) -> bool:
+    """Whether every call of ``target`` without keywords merges with a call of equal arguments."""
+    try:
+        return skipped_by_target(op, target) is False
+    except TypeError:   # unhashable target
+        return False

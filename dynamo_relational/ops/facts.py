@@ -238,8 +238,18 @@ def is_view(node: fx.Node) -> bool:
     ``W.T``): merging two equal ones is legal, and it costs no arithmetic."""
     if node.op == "call_function" and node.target is getattr:
         return len(node.args) == 2 and isinstance(node.args[1], str) and node.args[1] in ("T", "mT", "H", "mH")
-    return (node.op in ("call_function", "call_method") and node.target is not operator.getitem
-            and may_alias(node) and not writes(node) and aten_name(node.op, node.target) is not None)
+    return not writes(node) and target_is_view(node.op, node.target)
+
+
+def target_is_view(op: str, target: Any) -> bool:
+    """:func:`is_view` for every call of ``target`` but ``getattr`` (``out=`` and ``inplace=True`` are looked at
+    per call)."""
+    if op != "call_function" and op != "call_method" or target is operator.getitem:
+        return False
+    try:
+        return not target_writes(op, target) and target_may_alias(op, target) and aten_name(op, target) is not None
+    except TypeError:   # unhashable target
+        return False
 
 
 def _decomposes(overload: torch._ops.OpOverload) -> bool:
