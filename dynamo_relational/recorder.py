@@ -41,6 +41,7 @@ from .forward_constants import returned_constants_share_memory
 from .model_state import MODULE_STATE, HeldAttributes, PlainObjects, traced_in
 from .nodes import new_node
 from .ops.base import value_info
+from .ops.elementwise import ADDITIONS
 from .ops.facts import target_may_alias, target_writes
 from .passes.cse import merges_by_target
 from .source_lines import formatted_frame, innermost_frame
@@ -439,7 +440,17 @@ def _form(kind: str, target: Any, **facts: Any) -> _Form:
         written = False
     random = name in random_ops()
     return _Form(kind, target, random, written, static_target(kind, target), **facts,
-                 merges=not random and not written and merges_by_target(kind, target))
+                 merges=not random and not written and not _adds(target) and merges_by_target(kind, target))
+
+
+def _adds(target: Any) -> bool:
+    """Whether ``target`` is an addition: the aggregation pass opens up a partial sum that feeds one addition
+    only, and a partial sum merged while recording (``b + W @ h[u]`` begins the sum of every node whose first
+    in-neighbour is ``u``) would feed several, staying a node of every batch's graph."""
+    try:
+        return target in ADDITIONS
+    except TypeError:   # unhashable target
+        return False
 
 
 def _new_recipe(func) -> _Recipe | None:

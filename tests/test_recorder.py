@@ -20,6 +20,7 @@ from dynamo_relational.passes.context import PassContext
 from dynamo_relational.recorder import record
 from dynamo_relational.tracing import trace
 from dynamo_relational.tracing_patches import patches_installed
+from dynamo_relational.union import prepare
 from examples.per_sample import MODELS, dataset
 
 
@@ -314,3 +315,17 @@ def test_equal_calls_return_distinct_tensors_as_in_eager():
     a, b = recorded.result[0]
     assert a is not b and a.data_ptr() != b.data_ptr()
     assert _count(recorded.graph, operator.mul) == 1
+
+
+@pytest.mark.parametrize("kind", ["gcn", "rgcn", "lrnn"])
+def test_a_recorded_sample_leaves_the_per_sample_passes_the_graph_a_traced_one_does(kind):
+    # (a sum's partial sums stay unmerged while recording: aggregation opens up those that feed one addition)
+    torch.manual_seed(0)
+    model = MODELS[kind][0](4).double()
+    for children, x in dataset(kind, 4, features=4, dtype=torch.float64):
+        call = _SampleCall(model, (children, x))
+        with patches_installed():
+            recorded = trace(call, [x], ["arg0"], live=True)
+            traced = trace(call, [x], ["arg0"])
+        kept = [prepare(t.graph, t.out_spec, t.constants, Options()).records for t in (recorded, traced)]
+        assert len(kept[0]) == len(kept[1])
