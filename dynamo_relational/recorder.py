@@ -11,7 +11,8 @@ through them cost 5-14% more on the per-sample examples). Its graph is the trace
 ``get_attr`` nodes for the model's parameters and buffers and for the other tensors ops read (constants),
 in-place ops on traced values and on the model's tensors, random ops, the innermost user frame of each
 node, and ``torch._C._set_grad_enabled`` where ``no_grad`` blocks begin and end. Equal calls of a pure op
-(``cse``'s rule) on equal operands between two writes are one node, as ``cse`` would leave them.
+(``cse``'s rule) but an addition on equal operands between two writes are one node, as ``cse`` would
+leave them.
 
 Only what the mode can see in full is recorded. The recording gives up, and the call goes on as eager's
 (:attr:`Recording.unusable` says why; the caller traces the structure with the tracer instead), on: a read

@@ -36,22 +36,36 @@ def _ops(graph) -> collections.Counter:
                                 line(n)) for n in graph.graph.nodes if n.op in ("call_function", "call_method"))
 
 
-@pytest.mark.parametrize("kind", sorted(MODELS))
-def test_a_recorded_call_is_the_eager_call_and_its_graph_the_tracers(kind):
+def _both_traces(kind: str, samples: int):
+    """For each of ``samples`` samples of ``kind`` (float64): the model, the sample, and its call recorded live
+    and traced by the tracer."""
     torch.manual_seed(0)
     model = MODELS[kind][0](4).double()
-    for children, x in dataset(kind, 3, features=4, dtype=torch.float64):
+    for children, x in dataset(kind, samples, features=4, dtype=torch.float64):
         call = _SampleCall(model, (children, x))
         with patches_installed():
             assert record(call, [x], ["arg0"]).unusable is None
-            recorded = trace(call, [x], ["arg0"], live=True)
-            traced = trace(call, [x], ["arg0"])
+            yield model, (children, x), trace(call, [x], ["arg0"], live=True), trace(call, [x], ["arg0"])
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_a_recorded_call_is_the_eager_call_and_its_graph_the_tracers(kind):
+    for model, (children, x), recorded, traced in _both_traces(kind, 3):
         torch.testing.assert_close(recorded.result[0], model(children, x), rtol=0, atol=0)
         assert recorded.result[0].grad_fn is not None
         torch.testing.assert_close(recorded.graph(x)[0], recorded.result[0], rtol=0, atol=0)
         # (the recorder merges equal pure calls as it goes, which cse merges in the tracer's graph)
         assert len(recorded.graph.graph.nodes) <= len(traced.graph.graph.nodes)
         assert _ops(_merged(recorded.graph)) == _ops(_merged(traced.graph))
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_a_recorded_sample_leaves_the_per_sample_passes_the_graph_a_traced_one_does(kind):
+    # (they run before cse: aggregation opens up a partial sum that feeds one addition, and one merged while
+    # recording would feed several)
+    for _, _, recorded, traced in _both_traces(kind, 4):
+        kept = [prepare(t.graph, t.out_spec, t.constants, Options()).records for t in (recorded, traced)]
+        assert len(kept[0]) == len(kept[1])
 
 
 def _merged(gm):
@@ -316,16 +330,3 @@ def test_equal_calls_return_distinct_tensors_as_in_eager():
     assert a is not b and a.data_ptr() != b.data_ptr()
     assert _count(recorded.graph, operator.mul) == 1
 
-
-@pytest.mark.parametrize("kind", ["gcn", "rgcn", "lrnn"])
-def test_a_recorded_sample_leaves_the_per_sample_passes_the_graph_a_traced_one_does(kind):
-    # (a sum's partial sums stay unmerged while recording: aggregation opens up those that feed one addition)
-    torch.manual_seed(0)
-    model = MODELS[kind][0](4).double()
-    for children, x in dataset(kind, 4, features=4, dtype=torch.float64):
-        call = _SampleCall(model, (children, x))
-        with patches_installed():
-            recorded = trace(call, [x], ["arg0"], live=True)
-            traced = trace(call, [x], ["arg0"])
-        kept = [prepare(t.graph, t.out_spec, t.constants, Options()).records for t in (recorded, traced)]
-        assert len(kept[0]) == len(kept[1])
