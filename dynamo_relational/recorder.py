@@ -441,7 +441,7 @@ def _form(kind: str, target: Any, **facts: Any) -> _Form:
         written = False
     random = name in random_ops()
     return _Form(kind, target, random, written, static_target(kind, target), **facts,
-                 merges=not random and not written and not _adds(target) and merges_by_target(kind, target))
+                 merges=not random and not _adds(target) and merges_by_target(kind, target))
 
 
 def _adds(target: Any) -> bool:
