@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from dynamo_relational.kernels.gather_reduce import EAGER_FORMS, gather_reduce, gather_rows, prepare_products
 from dynamo_relational import passes
 from dynamo_relational.passes import PassContext
-from dynamo_relational.passes.compress_values import changed_constant
+from dynamo_relational.forward_constants import changed_constant
 from dynamo_relational.passes.distinct_outputs import expose_bases, hide_bases, output_aliases
 from dynamo_relational.passes.gather_nodes import constant_value
 

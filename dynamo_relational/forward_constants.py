@@ -1,8 +1,9 @@
 """Tensors made in ``forward`` from Python values alone (``out = torch.zeros(n, d)``): the tracer runs such
 calls and keeps their tensors as constants of the graph. Eager makes them anew on every call, so a constant
 that a recorded op or the caller may write into gets a fresh copy per call (:func:`copy_mutated_constants`),
-and outputs sharing memory through two such constants are detected (:func:`returned_constants_share_memory`)
-to be traced again with the factories recorded (:func:`dynamo_relational.tracing.trace`)."""
+and outputs sharing memory through two such constants (:func:`returned_constants_share_memory`), or a constant
+written by an untraced call after a recorded op read it (:func:`changed_constant`), are detected to be traced
+again with the factories recorded (:func:`dynamo_relational.tracing.trace`)."""
 from __future__ import annotations
 
 import torch
@@ -53,6 +54,21 @@ def copy_mutated_constants(graph: fx.Graph, attrs: dict[str, torch.Tensor], held
         constant.replace_all_uses_with(fresh, delete_user_cb=lambda user: user is not fresh)
         fresh.meta = dict(constant.meta)
         constant.meta["example_value"] = attrs[name].detach().clone()
+
+
+def tensor_version(tensor: torch.Tensor) -> int | None:
+    """The tensor's version counter (raised by each in-place change); None for an inference tensor, which has none
+    (and cannot be changed in place outside inference mode)."""
+    return None if tensor.is_inference() else tensor._version
+
+
+def changed_constant(read: list[tuple[str, torch.Tensor, int | None]], held: set[int] | None = None) -> str | None:
+    """The name of the first constant of ``read`` (name, tensor, its version when read) changed in place since,
+    but for tensors the model holds (``held`` by id: the check of changes to the model refuses those)."""
+    for name, tensor, version in read:
+        if tensor_version(tensor) != version and not (held and id(tensor) in held):
+            return name
+    return None
 
 
 def _constant_name(node: fx.Node) -> str | None:

@@ -60,7 +60,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from dynamo_relational.passes.compress_values import changed_constant
+from dynamo_relational.forward_constants import changed_constant
 
 from .backend import group_graph
 from .errors import FrontendError

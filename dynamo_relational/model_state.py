@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import itertools
 import operator
-import re
 import types
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 from torch import nn
+
+from .forward_constants import tensor_version
 
 
 def _is_proxy(value: Any) -> bool:
@@ -51,7 +52,7 @@ class HeldAttributes:
                     self.scalars.append((module, name, value))
                 elif isinstance(value, torch.Tensor):
                     if id(value) not in registered:
-                        self.held.append((module, name, _WHOLE, value, _version(value)))
+                        self.held.append((module, name, _WHOLE, value, tensor_version(value)))
                 elif isinstance(value, (list, tuple, dict)):
                     item_types = set(map(type, _items(value)))   # (found in C: a long list of Python data)
                     if isinstance(value, (list, dict)):
@@ -62,7 +63,7 @@ class HeldAttributes:
                         continue
                     for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
                         if isinstance(item, torch.Tensor) and id(item) not in registered:
-                            self.held.append((module, name, key, item, _version(item)))
+                            self.held.append((module, name, key, item, tensor_version(item)))
 
     def held_ids(self) -> set[int]:
         """The ids of the tensors held (graph constants that are the model's own, returned as themselves)."""
@@ -77,7 +78,8 @@ class HeldAttributes:
                     value = value[key]
                 except (LookupError, TypeError):
                     value = None
-            how = "replaced" if value is not tensor else "changed in place" if _version(tensor) != version else None
+            how = "replaced" if value is not tensor \
+                else "changed in place" if tensor_version(tensor) != version else None
             if how:
                 return f"{type(module).__name__}.{name}" + ("" if key is _WHOLE else f"[{key!r}]"), how
         for module, name, held in self.scalars if scalars else ():
@@ -133,12 +135,6 @@ def _new_items(container: list | dict, saved: list | dict) -> Any:
 
 def _items(container: list | tuple | dict) -> Any:
     return container.values() if isinstance(container, dict) else container
-
-
-def _version(tensor: torch.Tensor) -> int | None:
-    """The tensor's version counter (raised by each in-place change); None for an inference tensor, which has none
-    (and cannot be changed in place outside inference mode)."""
-    return None if tensor.is_inference() else tensor._version
 
 
 #: nn.Module's own state: its parameters, buffers and submodules (the graph reads those as get_attr nodes) and
@@ -210,12 +206,6 @@ def traced_in(item: Any, traced: Callable[[Any], bool]) -> Any:
     if type(item) in (list, tuple, dict):
         return next((i for i in (item.values() if type(item) is dict else item) if traced(i)), None)
     return None
-
-
-def computed_at(proxy: fx.Proxy) -> str:
-    """``file:line in function: code`` where the traced value was computed (its node's recorded frame)."""
-    match = re.search(r'File "(.+)", line (\d+), in (\S+)\n\s*(.*)', proxy.node.meta.get("stack_trace") or "")
-    return f"{match[1]}:{match[2]} in {match[3]}: {match[4]}" if match else "an unknown source line"
 
 
 def _path_text(path: tuple) -> str:

@@ -38,7 +38,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check, reads_a_number, static_target
-from .forward_constants import returned_constants_share_memory
+from .forward_constants import changed_constant, returned_constants_share_memory, tensor_version
 from .model_state import MODULE_STATE, HeldAttributes, PlainObjects, traced_in
 from .nodes import new_node
 from .ops.base import value_info
@@ -92,6 +92,8 @@ class Recording(TorchFunctionMode):
             self.attrs.setdefault(name, t)
         self._model_tensors = frozenset(self.attrs)
         self._constants: dict[int, fx.Node] = {}
+        #: constants made here: (name, tensor, its version counter when a recorded op first read it)
+        self._constants_read: list[tuple[str, torch.Tensor, int | None]] = []
         #: whether a recorded op drew random numbers (as the eager call draws them)
         self.drew = False
         self._check = RejectDataDependentOps()
@@ -195,6 +197,7 @@ class Recording(TorchFunctionMode):
                 raise _Unusable("a tensor that requires gradients was computed outside the recorded calls")
             name = f"_tensor_constant{len(self.attrs)}"
             self.attrs[name] = t
+            self._constants_read.append((name, t, tensor_version(t)))
             value = t.detach().clone()   # (a constant made in forward is fresh in every eager call)
         else:
             value = t
@@ -328,15 +331,18 @@ class Recording(TorchFunctionMode):
             # (with random ops recorded, the calls without a traced argument were checked by name)
             self.unusable = "random numbers were drawn outside the recorded calls"
         self._refuse_stored_values(module_attributes, attributes, objects)   # (their stores undone in any case)
-        if self.unusable is None and returned_constants_share_memory(self.graph, self.attrs,
-                                                                     attributes.held_ids()):
+        held = attributes.held_ids()
+        if self.unusable is None and returned_constants_share_memory(self.graph, self.attrs, held):
             self.unusable = "outputs made without a traced value share memory"
+        if self.unusable is None and changed_constant(self._constants_read, held):
+            self.unusable = "a tensor made without a traced value was written in place after a recorded op read it"
         self._nodes.clear()
         self._kept.clear()
         self._kept_without_grad.clear()
         self._calls.clear()
         self._merged.clear()
         self._constants.clear()
+        self._constants_read.clear()
 
     def _output(self, result: Any) -> None:
         leaves, self.out_spec = pytree.tree_flatten(result)

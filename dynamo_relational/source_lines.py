@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import sys
 import traceback
 from types import CodeType, FrameType
 
 import torch
+import torch.fx as fx
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -94,3 +96,9 @@ def user_line(user_frames: list[Frame]) -> str:
         return "<unknown source line>"
     code, line = user[0]
     return f"{code.co_filename}:{line} in {code.co_name}: {linecache.getline(code.co_filename, line).strip()}"
+
+
+def recorded_line(node: fx.Node) -> str:
+    """``file:line in function: code`` where ``node`` was recorded (its ``stack_trace``)."""
+    match = re.search(r'File "(.+)", line (\d+), in (\S+)\n\s*(.*)', node.meta.get("stack_trace") or "")
+    return f"{match[1]}:{match[2]} in {match[3]}: {match[4]}" if match else "an unknown source line"

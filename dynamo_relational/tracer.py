@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
 from .errors import FrontendError
+from .forward_constants import changed_constant, tensor_version
 from .nodes import new_node
 from .ops.base import value_info
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress
@@ -106,6 +107,8 @@ class Tracer(fx.Tracer):
             self.attrs.setdefault(name, t)
         self._attr_nodes: dict[str, fx.Node] = {}
         self._attr_proxies: dict[str, fx.Proxy] = {}
+        #: constants made here: (name, tensor, its version counter when a recorded op first read it)
+        self._constants_read: list[tuple[str, torch.Tensor, int | None]] = []
         self._check = RejectDataDependentOps()
         #: custom autograd.Function subclass -> the function its recorded calls call (recording_autograd_functions)
         self.appliers: dict[type, Callable] = {}
@@ -228,7 +231,14 @@ class Tracer(fx.Tracer):
             name = f"_tensor_constant{len(self.attrs)}"
             self._names[id(t)] = name
             self.attrs[name] = t
+            self._constants_read.append((name, t, tensor_version(t)))
         return name
+
+    def changed_constant(self, held: set[int]) -> str | None:
+        """A constant's name, if a call without a traced argument wrote into its tensor after a recorded op read
+        it (``t = torch.zeros(3); a = h * t; t.add_(1)``): the graph would read the written value everywhere.
+        Tensors the model holds (``held`` by id) are left to the check of changes to the model."""
+        return changed_constant(self._constants_read, held)
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
         if kind == "get_attr" and target in self._attr_nodes:

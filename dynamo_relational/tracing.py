@@ -17,11 +17,12 @@ from torch.utils import _pytree as pytree
 
 from .forward_constants import copy_mutated_constants, returned_constants_share_memory
 from .errors import FrontendError
-from .model_state import HeldAttributes, PlainObjects, computed_at
+from .model_state import HeldAttributes, PlainObjects
 from .module_hooks import refuse_unrecorded_hooks
 from .ops import tensor_info
 from .progress import NONE as NO_PROGRESS, CompileProgress
 from .recorder import Recording
+from .source_lines import recorded_line
 from .tracer import Tracer
 from .untraced_calls import drew_since, generator_states, set_generator_states
 
@@ -139,13 +140,17 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
                 "random functions, or torch.compile(model, backend=\"relational\").")
     # Tensor factories are recorded on another trace only where a constant loses eager's behaviour: a traced
     # value written into a tensor made from Python values (out = torch.zeros(n, d); out[v] = h), whose later
-    # reads ran on its untraced value; or outputs sharing memory through such tensors (z = torch.zeros(3);
-    # return z, z[1:]), traced as separate constants, so that the caller's write into one would not reach the
-    # other. Elsewhere their constants are what the grouping needs (index tensors) and what Python code may
-    # read (torch.arange(n).tolist()).
+    # reads ran on its untraced value; such a tensor written by an untraced call after a traced op read it
+    # (a = h * t; t.add_(1)), which the graph would read written everywhere; or outputs sharing memory through
+    # such tensors (z = torch.zeros(3); return z, z[1:]), traced as separate constants, so that the caller's
+    # write into one would not reach the other. Elsewhere their constants are what the grouping needs (index
+    # tensors) and what Python code may read (torch.arange(n).tolist()).
+    held = attributes.held_ids()
     if tracer.wrote_untraced is not None:
         why = f"{tracer.wrote_untraced} writes a traced value into a tensor made without one"
-    elif returned_constants_share_memory(tracer.graph, tracer.attrs, attributes.held_ids()):
+    elif tracer.changed_constant(held) is not None:
+        why = "a tensor made without a traced value is written in place after a traced op read it"
+    elif returned_constants_share_memory(tracer.graph, tracer.attrs, held):
         why = "outputs made without a traced value share memory"
     else:
         return tracer
@@ -160,7 +165,22 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
             "dynamo_relational.compile would keep one such tensor for every call. Make it in forward with a "
             "factory (x.new_zeros(...), torch.zeros(...)), register it as a buffer, or use "
             "torch.compile(model, backend=\"relational\").")
+    changed = tracer.changed_constant(held)
+    if changed is not None:
+        t = tracer.attrs[changed]
+        raise FrontendError(
+            f"{type(model).__name__}.forward writes in place into a tensor made outside forward (a {t.dtype} "
+            f"tensor of shape {tuple(t.shape)}, read at {_first_read(tracer.graph, changed)}) after a traced op "
+            "read it: dynamo_relational.compile would read that tensor as the write left it, everywhere. Make it "
+            "in forward with a factory, register it as a buffer, or use torch.compile(model, "
+            "backend=\"relational\").")
     return tracer
+
+
+def _first_read(graph: fx.Graph, constant: str) -> str:
+    """Where the first recorded op that reads the constant named ``constant`` was called."""
+    node = next(n for n in graph.nodes if n.op == "get_attr" and n.target == constant)
+    return recorded_line(next(iter(node.users)))
 
 
 def _traced_again(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
@@ -186,7 +206,7 @@ def _refuse_changes_to_the_model(model: nn.Module, attributes: HeldAttributes, o
             holder.restore()
             raise FrontendError(
                 f"{type(model).__name__}.forward stores a traced value in {stored[0]} (the value computed at "
-                f"{computed_at(stored[1])}): dynamo_relational.compile records tensor ops, {why}")
+                f"{recorded_line(stored[1].node)}): dynamo_relational.compile records tensor ops, {why}")
     changed = attributes.changed(scalars=False)
     if changed is not None:
         attributes.restore()

@@ -38,6 +38,7 @@ import math
 import torch
 import torch.fx as fx
 
+from dynamo_relational.forward_constants import tensor_version
 from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import draws_random_numbers
@@ -73,19 +74,6 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         ctx.constants_read = read
     ctx.stats["rows_compressed"] = compressed
     return gm
-
-
-def changed_constant(read: list) -> str | None:
-    """The name of the first constant of ``read`` (``ctx.constants_read``) changed in place since the
-    compression read it, or None: the graph then merges rows that may no longer be equal."""
-    for name, tensor, version in read:
-        if _version(tensor) != version:
-            return name
-    return None
-
-
-def _version(tensor: torch.Tensor) -> int | None:
-    return None if tensor.is_inference() else tensor._version   # inference tensors have no counter
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,7 +139,7 @@ def value_numbers(gm: fx.GraphModule, read: list | None = None) -> dict[fx.Node,
             buffer = _dynamo_buffer(node)
             if buffer is not None:
                 ids[node] = _constant_ids(numbering, buffer)
-                read.append((node.meta["grapharg"].source.name, buffer, _version(buffer)))
+                read.append((node.meta["grapharg"].source.name, buffer, tensor_version(buffer)))
             elif info is not None:
                 ids[node] = numbering.fresh(info.shape)
             continue
@@ -163,7 +151,7 @@ def value_numbers(gm: fx.GraphModule, read: list | None = None) -> dict[fx.Node,
                 constant = id(value) not in parameters and not value.requires_grad
                 ids[node] = _constant_ids(numbering, value) if constant else numbering.fresh(value.shape)
                 if constant:
-                    read.append((node.target, value, _version(value)))
+                    read.append((node.target, value, tensor_version(value)))
             continue
         try:
             found = _propagate(gm, node, ids, numbering)

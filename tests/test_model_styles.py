@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import dynamo_relational
+from dynamo_relational.frontend import FrontendError
 
 from examples.data import graph_batch
 from examples.styles import STYLES, LinearPerType
@@ -155,3 +156,34 @@ def test_zero_accumulator_is_no_term_of_the_sum():
     targets = [n.target for n in compiled.graph.graph.nodes]
     assert not [t for t in targets if isinstance(t, str) and t.startswith("_tensor_constant")]
     assert torch.cat not in targets   # the sum reads the linear's rows directly
+
+
+class WrittenAfterRead(torch.nn.Module):
+    """A tensor made in forward, read by a traced op, then written by a call without a traced argument."""
+
+    def forward(self, x):
+        t = torch.arange(3, dtype=x.dtype)
+        a = x + t
+        t.add_(1)
+        return a + x * t
+
+
+@pytest.mark.parametrize("front_end", ["fast", "backend"])
+def test_a_tensor_made_in_forward_is_read_before_and_after_a_write_without_a_traced_argument(front_end):
+    report_matching_eager(front_end, WrittenAfterRead(), torch.randn(3, dtype=torch.float64))
+
+
+_COUNTS = torch.zeros(3, dtype=torch.float64)
+
+
+class WritesAGlobalTensor(torch.nn.Module):
+    def forward(self, x):
+        a = x * _COUNTS
+        _COUNTS.add_(1)
+        return a
+
+
+def test_a_write_into_a_tensor_made_outside_forward_after_a_traced_read_is_refused():
+    read_at = r"read at .*test_model_styles.py:\d+ in forward: a = x \* _COUNTS"
+    with pytest.raises(FrontendError, match=r"float64 tensor of shape \(3,\), " + read_at):
+        dynamo_relational.compile(WritesAGlobalTensor(), [torch.randn(3, dtype=torch.float64)])

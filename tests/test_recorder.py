@@ -100,6 +100,11 @@ class _Case(nn.Module):
             out = torch.zeros(2, 3, dtype=h.dtype)
             out[1] = h[0]
             return out
+        if self.case == "a write after a recorded read into a tensor made without a traced value":
+            t = torch.arange(3, dtype=h.dtype)
+            a = h + t
+            t.add_(1)   # (the graph would read t as written everywhere)
+            return a + h * t
         if self.case == "random numbers drawn without a traced argument":
             return h * torch.rand((), dtype=h.dtype)
         if self.case == "a custom autograd Function":
@@ -123,6 +128,8 @@ class _Case(nn.Module):
 
 _REASONS = {"a Python read of a value": "item has a value-dependent output", "a tensor attribute": "attribute T",
             "a write into a tensor made without a traced value": "writes into a tensor made without",
+            "a write after a recorded read into a tensor made without a traced value":
+                "written in place after a recorded op read it",
             "random numbers drawn without a traced argument": "draws random numbers without a traced argument",
             "a custom autograd Function": "custom autograd Function",
             "a value stored in the model": "stored a traced value in the model",
@@ -160,6 +167,14 @@ def test_the_recording_gives_up_where_it_cannot_see_the_call_in_full_and_the_tra
     torch.testing.assert_close(recorded.result[0], want, rtol=0, atol=0)
     if case == "a custom autograd Function":   # the tracer records the Function's call, keeping its backward
         assert any("_Straight_apply" in str(n.target) for n in recorded.graph.graph.nodes)
+
+
+def test_a_tensor_made_in_forward_and_written_after_a_read_is_read_as_eager_reads_it():
+    model = _Case("a write after a recorded read into a tensor made without a traced value").double()
+    x, y = torch.randn(2, 2, 3, dtype=torch.float64)
+    with patches_installed():
+        recorded = trace(model, [x], ["x"], live=True)
+    torch.testing.assert_close(recorded.graph(y)[0], model(y))
 
 
 def test_an_input_given_twice_is_traced_as_two_inputs():
