@@ -36,6 +36,7 @@ values are reduced this way.
 """
 from __future__ import annotations
 
+import heapq
 import operator
 from dataclasses import dataclass, field
 
@@ -75,26 +76,36 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if ctx.keep_order:
         return gm
     graph = gm.graph
-    if not any(graph.find_nodes(op="call_function", target=join, sort=False) for join in _JOINS):
+    joins = [n for join in _JOINS for n in graph.find_nodes(op="call_function", target=join, sort=False)]
+    if not joins:
         return gm   # (every ragged value starts at a join: a graph without one has none)
+    # Only the joins and the readers of ragged values can be ragged or reduce one: those are visited, in the
+    # graph's order (a node is pushed by an operand, which comes before it).
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    pending = [(position[n], n) for n in joins]
+    heapq.heapify(pending)
     ragged: dict[fx.Node, _Ragged] = {}
     reductions: list[tuple[fx.Node, fx.Node, str, bool]] = []
-    for node in graph.nodes:
-        if node.op not in ("call_function", "call_method"):
+    visited: set[fx.Node] = set()
+    while pending:
+        node = heapq.heappop(pending)[1]
+        if node in visited:
             continue
+        visited.add(node)
         found = _join(node)
         if found is None:
-            if not any(a in ragged for a in node.all_input_nodes):
-                continue   # (a row-wise op and a reduction of ragged values read one)
             found = _row_wise(node, ragged)
         if found is not None:
             ragged[node] = found
+            for user in node.users:
+                if user.op in ("call_function", "call_method"):
+                    heapq.heappush(pending, (position[user], user))
             continue
         reduction = _row_reduction(node, ragged)
         if reduction is not None:
             reductions.append((node, *reduction))
     needed = _reaching(reductions, ragged)
-    order = [node for node in graph.nodes if node in needed]
+    order = sorted(needed, key=position.__getitem__)
     parts: dict[fx.Node, list] = {}
     for node in order:   # a ragged value's operands are split before it
         parts[node] = _split(graph, node, ragged[node], parts)
