@@ -30,7 +30,10 @@ dtypes and devices (:func:`fingerprint`). ``key=`` replaces that with a
 function of the sample; two samples with equal keys must have the same
 structure. Tensors are the samples' inputs where they are arguments, or items
 of lists, tuples and dicts among them; a tensor inside another object would be
-frozen into the trace, and is refused.
+frozen into the trace, and is refused. An integer tensor argument whose values
+``forward`` reads in Python (``for u, v in edge_index.t().tolist()``) is
+structure: found on the first trace that reads it, it is compared by value
+from then on and each trace keeps a copy of it.
 
 Where the union cannot be restricted (an op that mixes rows of samples, a
 per-sample value the analysis cannot place), the reason is logged once and
@@ -52,7 +55,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .kernels.gather_reduce import INDEXED_FORMS
-from .errors import FrontendError
+from .errors import DataDependenceError, FrontendError
 from .options import Options
 from .passes import PassContext
 from .progress import CompileProgress
@@ -140,13 +143,21 @@ class _SampleCall(nn.Module):
     is held in a closure: its tensors are the trace's inputs, which a live trace may change as the call would,
     not tensors the model holds.)"""
 
-    def __init__(self, model: nn.Module, sample: tuple):
+    def __init__(self, model: nn.Module, sample: tuple, by_value: dict[int, torch.Tensor] | None = None):
         super().__init__()
         self.model = model
-        self.arguments = lambda tensors: _substituted(sample, iter(tensors))
+        # (the arguments read by value are structure: the trace reads a copy of each, which it keeps)
+        fixed = {j: t.clone() for j, t in (by_value or {}).items()}
+        self.arguments = lambda tensors: _arguments(sample, tensors, fixed)
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         return self.model(*self.arguments(tensors))
+
+
+def _arguments(sample: tuple, tensors: Sequence[torch.Tensor], fixed: dict[int, torch.Tensor]) -> tuple:
+    """``sample``'s arguments, its tensors replaced by ``tensors`` in order, but the arguments ``fixed`` by position."""
+    remaining = iter(tensors)
+    return tuple(fixed[j] if j in fixed else _substituted(a, remaining) for j, a in enumerate(sample))
 
 
 def _substituted(value: Any, tensors) -> Any:
@@ -260,6 +271,9 @@ class BatchedModule(nn.Module):
         self._caches: dict[tuple, _Cache] = {}
         self._cache = _Cache()
         self._canonical: dict[_Key, _Key] = {}
+        #: the positions of the integer tensor arguments that ``forward`` reads in Python (``edge_index.tolist()``):
+        #: structure, compared by value and kept by each trace, not inputs
+        self._by_value: set[int] = set()
 
     def forward(self, samples: Sequence[Any]) -> list[Any]:
         if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
@@ -271,10 +285,17 @@ class BatchedModule(nn.Module):
         if not samples:
             return []
         self._cache = self._caches.setdefault(self._state(), _Cache())
-        found, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
-        keys = [self._canonical.setdefault(k, k) for k in found]   # later lookups find the very key object
-        # (the samples traced now were computed by their traces, as the model computes them)
-        new, traced = self._trace_new(keys, samples, tensors)
+        while True:
+            found, tensors = zip(*(self._key(sample, i) for i, sample in enumerate(samples)))
+            keys = [self._canonical.setdefault(k, k) for k in found]   # later lookups find the very key object
+            try:
+                # (the samples traced now were computed by their traces, as the model computes them)
+                new, traced = self._trace_new(keys, samples, tensors)
+                break
+            except _ReadByValue as e:   # structure, not input: every sample's key changes
+                log.info("relational: forward reads the values of the integer tensor argument(s) at %s: they "
+                         "are keyed by value, as structure", sorted(e.positions))
+                self._by_value |= e.positions
         structures = self._cache.structures
         refused = next((structures[k].refused for k in keys if structures[k].refused), None)
         union = refused or self._union_for(keys, new)
@@ -293,12 +314,16 @@ class BatchedModule(nn.Module):
     # -- structures ---------------------------------------------------------
     def _key(self, sample: tuple, i: int) -> tuple[Hashable, list[torch.Tensor]]:
         """The structure of sample ``i`` and its tensors."""
+        by_value = _read_by_value(sample, self._by_value) if self._by_value else {}
+        values = tuple(_values_key(t) for t in by_value.values())
+        rest = tuple(None if j in by_value else a for j, a in enumerate(sample)) if by_value else sample
         if self.key is not None:
-            tensors = _tensors(sample)
-            return _Key(("key", self.key(*sample), tuple((t.shape, t.dtype, t.device) for t in tensors))), tensors
+            tensors = _tensors(rest)
+            return _Key(("key", self.key(*sample), tuple((t.shape, t.dtype, t.device) for t in tensors),
+                         values)), tensors
         try:
-            key, tensors = fingerprint(sample)
-            return _Key(key), tensors
+            key, tensors = fingerprint(rest)
+            return _Key((key, values) if values else key), tensors
         except TypeError as e:
             raise FrontendError(f"sample {i}: {e}; pass key= to dynamo_relational.batch to name its structure") \
                 from None
@@ -329,7 +354,10 @@ class BatchedModule(nn.Module):
         with gc_paused(), patches_when_needed(), \
                 CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
             for k, i in new.items():
-                structures[k], result = self._traced(samples[i], tensors[i])
+                try:
+                    structures[k], result = self._traced(samples[i], tensors[i])
+                except FrontendError as e:
+                    raise FrontendError(f"sample {i}: {e}") from e
                 if result is not None:
                     results[i] = result
                 progress.step()
@@ -340,9 +368,16 @@ class BatchedModule(nn.Module):
         return set(new), results
 
     def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> tuple[_Structure, tuple | None]:
-        call = _SampleCall(self.model, sample)
+        call = _SampleCall(self.model, sample, _read_by_value(sample, self._by_value))
         names = [f"arg{j}" for j in range(len(tensors))]
-        traced = trace(call, tensors, names, live=True)
+        try:
+            traced = trace(call, tensors, names, live=True)
+        except DataDependenceError as e:   # a read of an integer tensor argument: structure, not an input
+            read = {tensors[int(name.removeprefix("arg"))] for name in e.inputs}
+            positions = {j for j, a in enumerate(sample) if any(a is t for t in read) and _is_index(a)}
+            if positions:
+                raise _ReadByValue(positions) from e
+            raise
         try:
             graph = prepare(traced.graph, traced.out_spec, traced.constants, self.options)
         except NotBatchable as e:
@@ -481,6 +516,28 @@ def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
         walk = walk or _Walk(tensors)
         key.append(walk(arg, f"argument {i}", False))
     return tuple(key), tensors
+
+
+class _ReadByValue(Exception):
+    """``forward`` read the values of the integer tensor arguments at ``positions``: they are structure."""
+
+    def __init__(self, positions: set[int]):
+        super().__init__(positions)
+        self.positions = positions
+
+
+def _is_index(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex())
+
+
+def _read_by_value(sample: tuple, positions: set[int]) -> dict[int, torch.Tensor]:
+    """The integer tensor arguments of ``sample`` at ``positions``, by position."""
+    return {j: sample[j] for j in sorted(positions) if j < len(sample) and _is_index(sample[j])}
+
+
+def _values_key(t: torch.Tensor) -> Hashable:
+    """An integer tensor's part of a structure key when it is structure: its values too."""
+    return "tensor values", tuple(t.shape), t.dtype, t.device, t.detach().cpu().numpy().tobytes()
 
 
 def _tensor_key(t: torch.Tensor) -> Hashable:

@@ -11,3 +11,12 @@ class OptionsError(RelationalError, ValueError):
 
 class FrontendError(RelationalError):
     """The fast front-end cannot trace or run a model; the message names the source line or argument."""
+
+
+class DataDependenceError(FrontendError):
+    """Traced code read a tensor's values (``t.tolist()``, ``if t > 0``); ``inputs`` names the inputs that the
+    value read was computed from."""
+
+    def __init__(self, message: str, inputs: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.inputs = inputs

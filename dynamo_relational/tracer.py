@@ -33,7 +33,7 @@ from torch.overrides import is_tensor_method_or_property
 from torch.utils import _pytree as pytree
 
 from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
-from .errors import FrontendError
+from .errors import DataDependenceError, FrontendError
 from .forward_constants import changed_constant, tensor_version
 from .nodes import new_node
 from .ops.base import value_info
@@ -311,7 +311,7 @@ class Tracer(fx.Tracer):
             with self._check:
                 return fn(*args, **kwargs)
         except DataDependentOp as e:
-            raise self.data_dependence_error(f"{e} has a value-dependent output or output shape") from None
+            raise self.data_dependence_error(f"{e} has a value-dependent output or output shape", node) from None
         except Exception as e:
             raise FrontendError(f"{type(e).__name__} while tracing {self.user_line()}\n{e}") from e
         finally:
@@ -343,13 +343,27 @@ class Tracer(fx.Tracer):
         """``file:line in function: code`` of the user code running now (for error messages)."""
         return user_line(frames(self._stop))
 
-    def data_dependence_error(self, what: str) -> FrontendError:
+    def data_dependence_error(self, what: str, read: fx.Node) -> DataDependenceError:
+        """The error for user code that reads the value of ``read`` (or runs an op of value-dependent shape)."""
         user_frames = frames(self._stop)
         stack = "".join(format_frame(*f) for f in reversed(user_frames))
-        return FrontendError(
+        return DataDependenceError(
             f"data-dependent control flow at {user_line(user_frames)}\n{what}.\n"
             "dynamo_relational.compile traces the structure from Python data only: it cannot branch on, or "
             "read, tensor values. Use tensor ops (torch.where, masks as multiplications), or "
             "torch.compile(model, backend=\"relational\") which handles graph breaks.\n"
-            f"User stack (innermost last):\n{stack}")
+            f"User stack (innermost last):\n{stack}", _inputs_of(read))
 
+
+def _inputs_of(node: fx.Node) -> tuple[str, ...]:
+    """The names of the placeholders that ``node`` is computed from."""
+    found, seen, todo = [], {node}, [node]
+    while todo:
+        current = todo.pop()
+        if current.op == "placeholder":
+            found.append(str(current.target))
+        for operand in current.all_input_nodes:
+            if operand not in seen:
+                seen.add(operand)
+                todo.append(operand)
+    return tuple(found)

@@ -68,8 +68,9 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
             else:
                 tracer, result = _traced(model, inputs, names, progress, generators, attributes), None
         _refuse_changes_to_the_model(model, attributes, objects)
-    except BaseException:
+    except BaseException:   # (a failed trace changes nothing: a batch may trace the sample again)
         _put_back(changeable)
+        set_generator_states(generators)
         raise
     progress.step()
     graph = tracer.graph

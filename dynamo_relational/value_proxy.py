@@ -57,7 +57,7 @@ class ValueProxy(fx.Proxy):
 
     def __getattr__(self, name: str) -> Any:
         if name in _VALUE_METHODS:
-            raise self.tracer.data_dependence_error(f"`.{name}()` reads a tensor's values")
+            raise self.tracer.data_dependence_error(f"`.{name}()` reads a tensor's values", self.node)
         if name.startswith("__") or name in ("node", "tracer"):   # copy/pickle probing, half-built proxies
             raise AttributeError(name)
         if name in STATIC_ATTRIBUTES or name in STATIC_METHODS:
@@ -77,10 +77,11 @@ class ValueProxy(fx.Proxy):
 
     def __bool__(self) -> bool:
         raise self.tracer.data_dependence_error(f"`bool()` of traced value {self.node.name} (an `if`, "
-                                                "`while`, `and`/`or`/`not` or comparison chain on a tensor)")
+                                                "`while`, `and`/`or`/`not` or comparison chain on a tensor)",
+                                                self.node)
 
     def _to_python(self, kind: str):
-        raise self.tracer.data_dependence_error(f"`{kind}()` of traced value {self.node.name}")
+        raise self.tracer.data_dependence_error(f"`{kind}()` of traced value {self.node.name}", self.node)
 
     __int__ = lambda self: self._to_python("int")            # noqa: E731
     __float__ = lambda self: self._to_python("float")        # noqa: E731

@@ -352,6 +352,70 @@ def test_samples_of_token_ids_embed_each_node_in_the_union():
     assert batched.report.unbatched == 0 and batched.report.groupings == 1
 
 
+class EdgeIndexGCN(nn.Module):
+    """Per-molecule code that reads its bonds from an ``edge_index`` tensor, as PyG's ``Data`` holds them."""
+
+    def __init__(self, features: int = 4, hidden: int = 5):
+        super().__init__()
+        self.lin, self.out = nn.Linear(features, hidden), nn.Linear(hidden, 1)
+
+    def forward(self, x, edge_index):
+        h = [self.lin(x[v]) for v in range(x.shape[0])]
+        total = list(h)
+        for u, v in edge_index.t().tolist():
+            total[v] = total[v] + h[u]
+        return self.out(torch.relu(torch.stack(total))).sum()
+
+
+def _with_edge_index(in_nbrs, x):
+    return x, torch.tensor([[u, v] for v, nbrs in enumerate(in_nbrs) for u in nbrs]).reshape(-1, 2).t().contiguous()
+
+
+def test_an_integer_tensor_that_forward_reads_is_structure_compared_by_its_values():
+    torch.manual_seed(0)
+    data = [_with_edge_index(*sample) for sample in dataset("gcn", 12, features=4, dtype=torch.float64)]
+    model = EdgeIndexGCN().double()
+    batched = dynamo_relational.batch(model)
+    assert_batches_match_eager(batched, model, data[:6], through_union=False)
+    batched(data[6:])
+    for batch in (data[::-2], data[1::2], data[3:7]):
+        assert_batches_match_eager(batched, model, batch)
+    assert batched.report.structures == 12 and batched.report.unbatched == 0
+    x, edge_index = data[0]
+    edge_index[0] = edge_index[0].flip(0)   # changed in place: traced again, never run stale
+    assert_batches_match_eager(batched, model, data[:2], through_union=False)
+    assert batched.report.structures == 13
+
+
+def test_the_trace_that_finds_an_integer_tensor_read_leaves_the_random_state_and_buffers_as_eager_does():
+    class Noisy(EdgeIndexGCN):
+        def __init__(self):
+            super().__init__()
+            self.drop, self.norm = nn.Dropout(0.5), nn.BatchNorm1d(4)
+
+        def forward(self, x, edge_index):
+            return super().forward(self.drop(self.norm(x)), edge_index)
+
+    data = [_with_edge_index(*sample) for sample in dataset("gcn", 3, features=4, dtype=torch.float64)]
+    model = Noisy().double()
+    twin = copy.deepcopy(model)
+    torch.manual_seed(5)
+    got = dynamo_relational.batch(model)(data)
+    torch.manual_seed(5)
+    torch.testing.assert_close(got, [twin(*sample) for sample in data], rtol=0, atol=0)
+    torch.testing.assert_close(model.norm.running_mean, twin.norm.running_mean, rtol=0, atol=0)
+
+
+def test_a_sample_whose_float_values_forward_reads_is_refused_with_the_sample_named():
+    class Branching(TreeRNN):
+        def forward(self, children, x):
+            return super().forward(children, x if x.sum() > -1e9 else -x)
+
+    data = dataset("treernn", 2, features=3)
+    with pytest.raises(FrontendError, match=r"sample 0: data-dependent control flow at .*test_batching.py"):
+        dynamo_relational.batch(Branching(3, hidden=4))(data)
+
+
 class MaxOfChildren(TreeRNN):
     """Children pooled by ``torch.stack(states).max(0).values``: a max along each node's own rows."""
 
