@@ -21,7 +21,8 @@ device), an op with a value-dependent output shape, a write into a tensor made w
 random numbers drawn without a traced argument, a write into the result of calls recorded as one, an input
 given twice, autocast, an argument it does not know, a tensor computed outside its view (one that requires
 gradients without being traced), a custom autograd Function, a traced value stored in the model (taken out
-again), or outputs made without a traced value that share memory."""
+again), outputs made without a traced value that share memory, or a tensor made without a traced value that a
+call without one writes into after a recorded op read it."""
 from __future__ import annotations
 
 import operator
