@@ -8,6 +8,7 @@ tags of the ATen ops it runs."""
 from __future__ import annotations
 
 import operator
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -58,6 +59,18 @@ def reads_a_number(node: fx.Node) -> bool:
         if info is not None and info.rank == 0 and not (info.dtype.is_floating_point or info.dtype.is_complex):
             return True
     return False
+
+
+def numbers_in_index(index: Any, traced: Callable[[torch.Tensor], bool]) -> Any:
+    """``index`` (of ``x[index]``) with each 0-dim integer tensor that is not ``traced`` replaced by its value, as
+    PyTorch's indexing reads it: ``x[u]`` for ``u`` in a constant ``nbrs`` (``for u in nbrs``) is ``x[int(u)]``,
+    a row of ``x``, not a read of a value."""
+    if isinstance(index, torch.Tensor):
+        whole = not (index.is_floating_point() or index.is_complex() or index.dtype in (torch.bool, torch.uint8))
+        return int(index) if index.dim() == 0 and whole and not traced(index) else index
+    if type(index) is tuple:
+        return tuple(numbers_in_index(i, traced) for i in index)
+    return index
 
 
 def _plain_slice(index: slice) -> bool:

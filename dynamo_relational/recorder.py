@@ -38,7 +38,8 @@ from torch.autograd.function import BackwardCFunction
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check, reads_a_number, static_target
+from .data_dependence import (DataDependentOp, RejectDataDependentOps, needs_check, numbers_in_index, reads_a_number,
+                              static_target)
 from .forward_constants import changed_constant, returned_constants_share_memory, tensor_version
 from .model_state import MODULE_STATE, HeldAttributes, PlainObjects, traced_in
 from .nodes import new_node
@@ -224,6 +225,8 @@ class Recording(TorchFunctionMode):
             form = recipe.operator
             if form.reflected:
                 args = (args[1], args[0])
+        if form.target is operator.getitem and len(args) == 2:
+            args = (args[0], numbers_in_index(args[1], self._known))
         operands = self._arg(args)
         key = None
         if form.merges and not kwargs:

@@ -18,6 +18,7 @@ torch.no_grad():`` blocks are recorded as Dynamo records them; autocast inside `
 from __future__ import annotations
 
 import contextlib
+import operator
 import gc
 import sys
 import time
@@ -32,7 +33,7 @@ from torch import nn
 from torch.overrides import is_tensor_method_or_property
 from torch.utils import _pytree as pytree
 
-from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check
+from .data_dependence import DataDependentOp, RejectDataDependentOps, needs_check, numbers_in_index
 from .errors import DataDependenceError, FrontendError
 from .forward_constants import changed_constant, tensor_version
 from .nodes import new_node
@@ -239,6 +240,11 @@ class Tracer(fx.Tracer):
         it (``t = torch.zeros(3); a = h * t; t.add_(1)``): the graph would read the written value everywhere.
         Tensors the model holds (``held`` by id) are left to the check of changes to the model."""
         return changed_constant(self._constants_read, held)
+
+    def create_proxy(self, kind, target, args, kwargs, *rest, **more):
+        if target is operator.getitem and len(args) == 2:   # (x[u], fx's Proxy.__getitem__)
+            args = (args[0], numbers_in_index(args[1], lambda t: isinstance(t, fx.Proxy)))
+        return super().create_proxy(kind, target, args, kwargs, *rest, **more)
 
     def create_node(self, kind, target, args, kwargs, name=None, type_expr=None) -> fx.Node:
         if kind == "get_attr" and target in self._attr_nodes:

@@ -367,14 +367,24 @@ class EdgeIndexGCN(nn.Module):
         return self.out(torch.relu(torch.stack(total))).sum()
 
 
+class MaskedNeighboursGCN(EdgeIndexGCN):
+    """Each node's in-neighbours found with a mask of ``edge_index``, each row read as ``x[u]`` for a tensor ``u``."""
+
+    def forward(self, x, edge_index):
+        total = [self.lin(x[v]) + sum((self.lin(x[u]) for u in edge_index[0][edge_index[1] == v]),
+                                      torch.zeros_like(self.lin.bias)) for v in range(x.shape[0])]
+        return self.out(torch.relu(torch.stack(total))).sum()
+
+
 def _with_edge_index(in_nbrs, x):
     return x, torch.tensor([[u, v] for v, nbrs in enumerate(in_nbrs) for u in nbrs]).reshape(-1, 2).t().contiguous()
 
 
-def test_an_integer_tensor_that_forward_reads_is_structure_compared_by_its_values():
+@pytest.mark.parametrize("model_type", [EdgeIndexGCN, MaskedNeighboursGCN])
+def test_an_integer_tensor_that_forward_reads_is_structure_compared_by_its_values(model_type):
     torch.manual_seed(0)
     data = [_with_edge_index(*sample) for sample in dataset("gcn", 12, features=4, dtype=torch.float64)]
-    model = EdgeIndexGCN().double()
+    model = model_type().double()
     batched = dynamo_relational.batch(model)
     assert_batches_match_eager(batched, model, data[:6], through_union=False)
     batched(data[6:])

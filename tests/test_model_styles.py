@@ -187,3 +187,22 @@ def test_a_write_into_a_tensor_made_outside_forward_after_a_traced_read_is_refus
     read_at = r"read at .*test_model_styles.py:\d+ in forward: a = x \* _COUNTS"
     with pytest.raises(FrontendError, match=r"float64 tensor of shape \(3,\), " + read_at):
         dynamo_relational.compile(WritesAGlobalTensor(), [torch.randn(3, dtype=torch.float64)])
+
+
+class RowsByConstantIndex(torch.nn.Module):
+    """Rows read by the 0-dim items of an index tensor made in forward (``for u in order: x[u]``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        order = torch.arange(x.shape[0] - 1, -1, -1)
+        return torch.stack([torch.tanh(self.lin(x[u])) for u in order])
+
+
+def test_rows_read_by_the_items_of_an_index_tensor_group_as_rows_read_by_ints():
+    # (the fast front-end reads x[u] as x[int(u)], as PyTorch's indexing does; Dynamo breaks the graph there)
+    report = report_matching_eager("fast", RowsByConstantIndex().double(), torch.randn(8, 3, dtype=torch.float64))
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 2
