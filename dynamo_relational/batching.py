@@ -44,6 +44,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, Callable, Hashable, Sequence
@@ -368,6 +370,10 @@ class BatchedModule(nn.Module):
         return set(new), results
 
     def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> tuple[_Structure, tuple | None]:
+        if self.key is not None:   # (the fingerprint refuses such tensors; key= skips it)
+            held = next((p for i, a in enumerate(sample) if (p := _held_tensor(a, f"argument {i}"))), None)
+            if held is not None:
+                raise FrontendError(_held(held))
         call = _SampleCall(self.model, sample, _read_by_value(sample, self._by_value))
         names = [f"arg{j}" for j in range(len(tensors))]
         try:
@@ -575,8 +581,7 @@ class _Walk:
             return kind, tuple([self(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
         if isinstance(x, torch.Tensor):
             if inside_object:
-                raise TypeError(f"a tensor at {path} is held by a Python object: tracing would freeze its values. "
-                                "Pass it as an argument (or in a list, tuple or dict argument)")
+                raise TypeError(_held(path))
             self.tensors.append(x)
             return _tensor_key(x)
         if kind is dict:
@@ -592,6 +597,37 @@ class _Walk:
         if isinstance(x, numpy.generic):
             return kind, x.item()
         raise TypeError(f"the structure at {path} ({kind.__name__}) cannot be compared by value")
+
+
+def _held(path: str) -> str:
+    return (f"a tensor at {path} is held by a Python object: tracing would freeze its values. Pass it as an "
+            "argument (or in a list, tuple or dict argument)")
+
+
+_NOT_DATA = (nn.Module, type, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+
+
+def _held_tensor(value: Any, path: str, inside_object: bool = False, seen: set[int] | None = None) -> str | None:
+    """The path of a tensor that a Python object among ``value`` holds (through lists, tuples, mappings and
+    attributes), which the sample's tensors (:func:`_tensors`) do not include; None if there is none."""
+    if isinstance(value, torch.Tensor):
+        return path if inside_object else None
+    kind = type(value)
+    if kind in _ATOMS or isinstance(value, _NOT_DATA):
+        return None
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return None
+    seen.add(id(value))
+    if kind is list or kind is tuple:
+        items = [(f"{path}[{i}]", item, inside_object) for i, item in enumerate(value)]
+    elif isinstance(value, Mapping):   # (a dict is a sample's container; another mapping is an object)
+        items = [(f"{path}[{k!r}]", item, inside_object or kind is not dict) for k, item in value.items()]
+    elif hasattr(value, "__dict__"):
+        items = [(f"{path}.{k}", item, True) for k, item in vars(value).items()]
+    else:
+        return None
+    return next((found for where, item, inside in items if (found := _held_tensor(item, where, inside, seen))), None)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

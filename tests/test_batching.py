@@ -202,6 +202,8 @@ def test_key_names_the_structure():
     batched(batch)
     assert_batches_match_eager(batched, model, batch)
     assert batched.report.structures == 2
+    with pytest.raises(FrontendError, match=r"sample 1: a tensor at argument 0\.children\[0\] is held by a Python"):
+        batched([batch[0], (Tree([torch.tensor([1]), []]), batch[1][1][:2])])   # (its values would be frozen)
 
 
 def test_structure_in_plain_objects_is_fingerprinted_and_tensors_inside_them_are_refused():
