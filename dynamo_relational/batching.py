@@ -327,8 +327,10 @@ class BatchedModule(nn.Module):
             key, tensors = fingerprint(rest)
             return _Key((key, values) if values else key), tensors
         except TypeError as e:
-            raise FrontendError(f"sample {i}: {e}; pass key= to dynamo_relational.batch to name its structure") \
-                from None
+            held = _held_tensor_of(sample)
+            why = _held(held) if held is not None and "held by" not in str(e) else \
+                f"{e}; pass key= to dynamo_relational.batch to name its structure"
+            raise FrontendError(f"sample {i}: {why}") from None
 
     def _state(self) -> tuple:
         """What traces depend on besides the samples: the modules' train/eval flags and which parameters and
@@ -371,7 +373,7 @@ class BatchedModule(nn.Module):
 
     def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> tuple[_Structure, tuple | None]:
         if self.key is not None:   # (the fingerprint refuses such tensors; key= skips it)
-            held = next((p for i, a in enumerate(sample) if (p := _held_tensor(a, f"argument {i}"))), None)
+            held = _held_tensor_of(sample)
             if held is not None:
                 raise FrontendError(_held(held))
         call = _SampleCall(self.model, sample, _read_by_value(sample, self._by_value))
@@ -590,6 +592,8 @@ class _Walk:
         if id(x) in seen:
             return "seen", seen[id(x)]
         seen[id(x)] = len(seen)
+        if isinstance(x, Mapping):   # (not a dict: an object, such as an OrderedDict, whose tensors are not inputs)
+            return kind, tuple([(k, self(v, f"{path}[{k!r}]", True)) for k, v in x.items()])
         if hasattr(x, "__dict__") and not isinstance(x, (nn.Module, type)) and not callable(x):
             return kind, tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()])
         if isinstance(x, numpy.ndarray):
@@ -628,6 +632,10 @@ def _held_tensor(value: Any, path: str, inside_object: bool = False, seen: set[i
     else:
         return None
     return next((found for where, item, inside in items if (found := _held_tensor(item, where, inside, seen))), None)
+
+
+def _held_tensor_of(sample: tuple) -> str | None:
+    return next((path for i, a in enumerate(sample) if (path := _held_tensor(a, f"argument {i}"))), None)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

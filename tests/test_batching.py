@@ -2,6 +2,7 @@
 sample by sample equal to eager (outputs and gradients), with no tracing or grouping for known structures."""
 from __future__ import annotations
 
+import collections
 import copy
 import gc
 import operator
@@ -706,6 +707,29 @@ def test_fingerprints_are_equal_exactly_for_equal_structures():
             same = type(a) is type(b) and repr(a) == repr(b)
             assert (keys[i] == keys[j]) == same, (a, b)
     assert fingerprint(([[1]], torch.zeros(2, 3)))[0] != fingerprint(([[1]], torch.zeros(3, 3)))[0]
+    # another mapping than a dict is an object: its contents are structure, and a tensor in it is refused
+    ordered = [collections.OrderedDict(children=c) for c in ([[1], []], [[1, 2], [], []], [[1], []])]
+    assert [fingerprint((o, x))[0] for o in ordered].count(fingerprint((ordered[0], x))[0]) == 2
+    with pytest.raises(TypeError, match=r"a tensor at argument 0\['x'\] is held by a Python object"):
+        fingerprint((collections.OrderedDict(x=x),))
+
+
+def test_a_sample_object_holding_tensors_is_refused_naming_the_tensor():
+    class Graph:   # (callable, as PyG's Data is: not compared by value)
+        def __init__(self, x, in_nbrs):
+            self.x, self.in_nbrs = x, in_nbrs
+
+        def __call__(self):
+            return self.x
+
+    class PerGraph(nn.Module):
+        def forward(self, graph):
+            return sum(graph.x[u] for nbrs in graph.in_nbrs for u in nbrs)
+
+    graph = Graph(torch.randn(2, 3), [[1], [0]])
+    for key in (None, lambda graph: tuple(map(tuple, graph.in_nbrs))):
+        with pytest.raises(FrontendError, match=r"sample 0: a tensor at argument 0\.x is held by a Python object"):
+            dynamo_relational.batch(PerGraph(), key=key)([graph])
 
 
 def test_options_disable_passes_and_a_failing_optimizer_pass_leaves_the_union_as_it_was(monkeypatch):
