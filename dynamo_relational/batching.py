@@ -42,6 +42,7 @@ the batch runs its samples one by one with the model itself.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import time
 import types
@@ -498,6 +499,7 @@ def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Te
 
 
 _ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None)))
+_ATOM_BASES = (int, float, complex, str, bytes)
 _INT, _LIST, _TUPLE = frozenset((int,)), {list}, {tuple}
 
 
@@ -592,8 +594,17 @@ class _Walk:
         if id(x) in seen:
             return "seen", seen[id(x)]
         seen[id(x)] = len(seen)
-        if isinstance(x, Mapping):   # (not a dict: an object, such as an OrderedDict, whose tensors are not inputs)
-            return kind, tuple([(k, self(v, f"{path}[{k!r}]", True)) for k, v in x.items()])
+        # Subclasses of the containers and atoms above (an OrderedDict, a namedtuple, an IntEnum) are objects:
+        # their items or value are compared, then their attributes; tensors among them are not inputs.
+        if isinstance(x, Mapping):
+            return kind, tuple([(k, self(v, f"{path}[{k!r}]", True)) for k, v in x.items()]), self._attributes(x, path)
+        if isinstance(x, (list, tuple)):
+            return kind, tuple([self(v, f"{path}[{i}]", True) for i, v in enumerate(x)]), self._attributes(x, path)
+        if isinstance(x, enum.Enum):   # (a member is one object, compared by identity)
+            return kind, x
+        atom = next((base for base in _ATOM_BASES if isinstance(x, base)), None)
+        if atom is not None:
+            return kind, atom(x), self._attributes(x, path)
         if hasattr(x, "__dict__") and not isinstance(x, (nn.Module, type)) and not callable(x):
             return kind, tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()])
         if isinstance(x, numpy.ndarray):
@@ -601,6 +612,9 @@ class _Walk:
         if isinstance(x, numpy.generic):
             return kind, x.item()
         raise TypeError(f"the structure at {path} ({kind.__name__}) cannot be compared by value")
+
+    def _attributes(self, x: Any, path: str) -> tuple:
+        return tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()]) if hasattr(x, "__dict__") else ()
 
 
 def _held(path: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import enum
 import gc
 import operator
 import dataclasses
@@ -712,6 +713,20 @@ def test_fingerprints_are_equal_exactly_for_equal_structures():
     assert [fingerprint((o, x))[0] for o in ordered].count(fingerprint((ordered[0], x))[0]) == 2
     with pytest.raises(TypeError, match=r"a tensor at argument 0\['x'\] is held by a Python object"):
         fingerprint((collections.OrderedDict(x=x),))
+    # so are other subclasses of lists, tuples and atoms, and enum members: their items or values are compared
+    class Children(list):
+        pass
+
+    class NodeId(int):
+        pass
+
+    class Color(enum.Enum):
+        RED, BLUE = 1, 2
+
+    pair = collections.namedtuple("Pair", "a b")
+    for a, b in [(Children([[1], []]), Children([[1, 2], []])), (NodeId(1), NodeId(2)), (pair([1], []), pair([], [1])),
+                 (Color.RED, Color.BLUE)]:
+        assert fingerprint((a,))[0] == fingerprint((copy.copy(a),))[0] != fingerprint((b,))[0], (a, b)
 
 
 def test_a_sample_object_holding_tensors_is_refused_naming_the_tensor():
