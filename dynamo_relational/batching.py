@@ -499,7 +499,19 @@ def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Te
 
 
 _ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None)))
-_ATOM_BASES = (int, float, complex, str, bytes)
+_FAMILIES: dict[type, Any] = {}
+
+
+def _family(kind: type) -> Any:
+    """Mapping, list (lists and tuples), enum.Enum, the atom type that ``kind`` subclasses, or None; per type."""
+    try:
+        return _FAMILIES[kind]
+    except KeyError:
+        family = next((f for bases, f in (((Mapping,), Mapping), ((list, tuple), list), ((enum.Enum,), enum.Enum),
+                                          *(((atom,), atom) for atom in (int, float, complex, str, bytes)))
+                       if issubclass(kind, bases)), None)
+        _FAMILIES[kind] = family
+        return family
 _INT, _LIST, _TUPLE = frozenset((int,)), {list}, {tuple}
 
 
@@ -596,15 +608,15 @@ class _Walk:
         seen[id(x)] = len(seen)
         # Subclasses of the containers and atoms above (an OrderedDict, a namedtuple, an IntEnum) are objects:
         # their items or value are compared, then their attributes; tensors among them are not inputs.
-        if isinstance(x, Mapping):
+        family = _family(kind)
+        if family is Mapping:
             return kind, tuple([(k, self(v, f"{path}[{k!r}]", True)) for k, v in x.items()]), self._attributes(x, path)
-        if isinstance(x, (list, tuple)):
+        if family is list:
             return kind, tuple([self(v, f"{path}[{i}]", True) for i, v in enumerate(x)]), self._attributes(x, path)
-        if isinstance(x, enum.Enum):   # (a member is one object, compared by identity)
+        if family is enum.Enum:   # (a member is one object, compared by identity)
             return kind, x
-        atom = next((base for base in _ATOM_BASES if isinstance(x, base)), None)
-        if atom is not None:
-            return kind, atom(x), self._attributes(x, path)
+        if family is not None:
+            return kind, family(x), self._attributes(x, path)
         if hasattr(x, "__dict__") and not isinstance(x, (nn.Module, type)) and not callable(x):
             return kind, tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()])
         if isinstance(x, numpy.ndarray):
