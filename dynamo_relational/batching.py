@@ -327,9 +327,11 @@ class BatchedModule(nn.Module):
         try:
             key, tensors = fingerprint(rest)
             return _Key((key, values) if values else key), tensors
-        except TypeError as e:
+        except _HeldTensor as e:
+            raise FrontendError(f"sample {i}: {e}") from None
+        except TypeError as e:   # (an object that is not compared by value may still hold a tensor: name that)
             held = _held_tensor_of(sample)
-            why = _held(held) if held is not None and "held by" not in str(e) else \
+            why = _held(held) if held is not None else \
                 f"{e}; pass key= to dynamo_relational.batch to name its structure"
             raise FrontendError(f"sample {i}: {why}") from None
 
@@ -499,20 +501,21 @@ def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Te
 
 
 _ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None)))
+_INT, _LIST, _TUPLE = frozenset((int,)), {list}, {tuple}
+#: what an object's type may subclass, and the family it then belongs to (:func:`_family`)
+_FAMILY_BASES = ((Mapping, Mapping), ((list, tuple), list), (enum.Enum, enum.Enum), (int, int), (float, float),
+                 (complex, complex), (str, str), (bytes, bytes))
 _FAMILIES: dict[type, Any] = {}
+_UNKNOWN = object()
 
 
 def _family(kind: type) -> Any:
-    """Mapping, list (lists and tuples), enum.Enum, the atom type that ``kind`` subclasses, or None; per type."""
-    try:
-        return _FAMILIES[kind]
-    except KeyError:
-        family = next((f for bases, f in (((Mapping,), Mapping), ((list, tuple), list), ((enum.Enum,), enum.Enum),
-                                          *(((atom,), atom) for atom in (int, float, complex, str, bytes)))
-                       if issubclass(kind, bases)), None)
-        _FAMILIES[kind] = family
-        return family
-_INT, _LIST, _TUPLE = frozenset((int,)), {list}, {tuple}
+    """What ``kind`` subclasses, found once per type: Mapping, list (for lists and tuples), enum.Enum, one of the
+    atom types, or None."""
+    family = _FAMILIES.get(kind, _UNKNOWN)
+    if family is _UNKNOWN:
+        family = _FAMILIES[kind] = next((f for bases, f in _FAMILY_BASES if issubclass(kind, bases)), None)
+    return family
 
 
 def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
@@ -597,7 +600,7 @@ class _Walk:
             return kind, tuple([self(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
         if isinstance(x, torch.Tensor):
             if inside_object:
-                raise TypeError(_held(path))
+                raise _HeldTensor(_held(path))
             self.tensors.append(x)
             return _tensor_key(x)
         if kind is dict:
@@ -627,6 +630,10 @@ class _Walk:
 
     def _attributes(self, x: Any, path: str) -> tuple:
         return tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()]) if hasattr(x, "__dict__") else ()
+
+
+class _HeldTensor(TypeError):
+    """A tensor held by a Python object of a sample, which tracing would freeze."""
 
 
 def _held(path: str) -> str:
