@@ -25,15 +25,16 @@ then serves every batch: usually once, when the second epoch begins.
 
 A sample's structure is everything of its arguments except the values of its
 tensors: the Python objects (compared by value, recursively through lists,
-tuples, dicts and the attributes of plain objects) and the tensors' shapes,
-dtypes and devices (:func:`fingerprint`). ``key=`` replaces that with a
-function of the sample; two samples with equal keys must have the same
-structure. Tensors are the samples' inputs where they are arguments, or items
-of lists, tuples and dicts among them; a tensor inside another object would be
-frozen into the trace, and is refused. An integer tensor argument whose values
+tuples, dicts, other mappings and the attributes of objects) and the tensors'
+shapes, dtypes and devices (:func:`fingerprint`). Its tensors, wherever they
+are (a PyG ``Data``'s ``x``), are the inputs: a trace's call gets a deep copy
+of the sample holding the traced tensors. An integer tensor whose values
 ``forward`` reads in Python (``for u, v in edge_index.t().tolist()``) is
 structure: found on the first trace that reads it, it is compared by value
-from then on and each trace keeps a copy of it.
+from then on, at its path, and each trace keeps a copy of it. ``key=``
+replaces the comparison with a function of the sample; two samples with equal
+keys must have the same structure, and their tensors must be in lists, tuples
+and dicts.
 
 Where the union cannot be restricted (an op that mixes rows of samples, a
 per-sample value the analysis cannot place), the reason is logged once and
@@ -41,6 +42,7 @@ the batch runs its samples one by one with the model itself.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import logging
@@ -49,7 +51,7 @@ import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Collection, Hashable, Sequence
 
 import numpy
 import torch
@@ -146,21 +148,24 @@ class _SampleCall(nn.Module):
     is held in a closure: its tensors are the trace's inputs, which a live trace may change as the call would,
     not tensors the model holds.)"""
 
-    def __init__(self, model: nn.Module, sample: tuple, by_value: dict[int, torch.Tensor] | None = None):
+    def __init__(self, model: nn.Module, sample: tuple, inputs: "_Inputs | None" = None):
         super().__init__()
         self.model = model
-        # (the arguments read by value are structure: the trace reads a copy of each, which it keeps)
-        fixed = {j: t.clone() for j, t in (by_value or {}).items()}
-        self.arguments = lambda tensors: _arguments(sample, tensors, fixed)
+        if inputs is None or not (inputs.in_objects or inputs.by_value):
+            self.arguments = lambda tensors: _substituted(sample, iter(tensors))
+            return
+        # Tensors held by objects, or read by value: the call gets a deep copy of the sample whose inputs are the
+        # traced tensors, and whose tensors read by value are copies (structure, which each trace keeps).
+        originals, kept = inputs.tensors, {id(t): t.clone() for t in inputs.by_value.values()}
+
+        def arguments(tensors: Sequence[torch.Tensor]) -> tuple:
+            memo: dict[int, Any] = {id(o): t for o, t in zip(originals, tensors)}
+            memo.update(kept)
+            return copy.deepcopy(sample, memo)
+        self.arguments = arguments
 
     def forward(self, *tensors: torch.Tensor) -> Any:
         return self.model(*self.arguments(tensors))
-
-
-def _arguments(sample: tuple, tensors: Sequence[torch.Tensor], fixed: dict[int, torch.Tensor]) -> tuple:
-    """``sample``'s arguments, its tensors replaced by ``tensors`` in order, but the arguments ``fixed`` by position."""
-    remaining = iter(tensors)
-    return tuple(fixed[j] if j in fixed else _substituted(a, remaining) for j, a in enumerate(sample))
 
 
 def _substituted(value: Any, tensors) -> Any:
@@ -173,6 +178,16 @@ def _substituted(value: Any, tensors) -> Any:
     if kind is dict:
         return {k: _substituted(v, tensors) for k, v in value.items()}
     return value
+
+
+@dataclass
+class _Inputs:
+    """Where a sample's tensors are, found by :func:`fingerprint` when asked: each input tensor and its path,
+    whether an object holds one, and the integer tensors read by value (structure), by path."""
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    in_objects: bool = False
+    by_value: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -274,9 +289,9 @@ class BatchedModule(nn.Module):
         self._caches: dict[tuple, _Cache] = {}
         self._cache = _Cache()
         self._canonical: dict[_Key, _Key] = {}
-        #: the positions of the integer tensor arguments that ``forward`` reads in Python (``edge_index.tolist()``):
-        #: structure, compared by value and kept by each trace, not inputs
-        self._by_value: set[int] = set()
+        #: the paths (``argument 1``, ``argument 0._store['edge_index']``) of the integer tensors that ``forward``
+        #: reads in Python (``edge_index.tolist()``): structure, compared by value and kept by each trace, not inputs
+        self._by_value: set[str] = set()
 
     def forward(self, samples: Sequence[Any]) -> list[Any]:
         if isinstance(samples, (str, bytes)) or not isinstance(samples, Sequence):
@@ -296,9 +311,9 @@ class BatchedModule(nn.Module):
                 new, traced = self._trace_new(keys, samples, tensors)
                 break
             except _ReadByValue as e:   # structure, not input: every sample's key changes
-                log.info("relational: forward reads the values of the integer tensor argument(s) at %s: they "
-                         "are keyed by value, as structure", sorted(e.positions))
-                self._by_value |= e.positions
+                log.info("relational: forward reads the values of the integer tensor(s) at %s: they are keyed by "
+                         "value, as structure", sorted(e.paths))
+                self._by_value |= e.paths
         structures = self._cache.structures
         refused = next((structures[k].refused for k in keys if structures[k].refused), None)
         union = refused or self._union_for(keys, new)
@@ -317,23 +332,16 @@ class BatchedModule(nn.Module):
     # -- structures ---------------------------------------------------------
     def _key(self, sample: tuple, i: int) -> tuple[Hashable, list[torch.Tensor]]:
         """The structure of sample ``i`` and its tensors."""
-        by_value = _read_by_value(sample, self._by_value) if self._by_value else {}
-        values = tuple(_values_key(t) for t in by_value.values())
-        rest = tuple(None if j in by_value else a for j, a in enumerate(sample)) if by_value else sample
         if self.key is not None:
-            tensors = _tensors(rest)
-            return _Key(("key", self.key(*sample), tuple((t.shape, t.dtype, t.device) for t in tensors),
-                         values)), tensors
+            inputs = _plain_inputs(sample, self._by_value)
+            return _Key(("key", self.key(*sample), tuple((t.shape, t.dtype, t.device) for t in inputs.tensors),
+                         tuple(_values_key(t) for t in inputs.by_value.values()))), inputs.tensors
         try:
-            key, tensors = fingerprint(rest)
-            return _Key((key, values) if values else key), tensors
-        except _HeldTensor as e:
-            raise FrontendError(f"sample {i}: {e}") from None
-        except TypeError as e:   # (an object that is not compared by value may still hold a tensor: name that)
-            held = _held_tensor_of(sample)
-            why = _held(held) if held is not None else \
-                f"{e}; pass key= to dynamo_relational.batch to name its structure"
-            raise FrontendError(f"sample {i}: {why}") from None
+            key, tensors = fingerprint(sample, self._by_value)
+            return _Key(key), tensors
+        except TypeError as e:
+            raise FrontendError(f"sample {i}: {e}; pass key= to dynamo_relational.batch to name its structure") \
+                from None
 
     def _state(self) -> tuple:
         """What traces depend on besides the samples: the modules' train/eval flags and which parameters and
@@ -375,19 +383,25 @@ class BatchedModule(nn.Module):
         return set(new), results
 
     def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> tuple[_Structure, tuple | None]:
-        if self.key is not None:   # (the fingerprint refuses such tensors; key= skips it)
-            held = _held_tensor_of(sample)
+        if self.key is not None:
+            held = _held_tensor_of(sample)   # (the fingerprint finds those; the plain walk of key= does not)
             if held is not None:
-                raise FrontendError(_held(held))
-        call = _SampleCall(self.model, sample, _read_by_value(sample, self._by_value))
+                raise FrontendError(f"a tensor at {held} is held by a Python object: tracing would freeze its "
+                                    "values. Pass it as an argument (or in a list, tuple or dict argument), or "
+                                    "leave out key=")
+            inputs = _plain_inputs(sample, self._by_value)
+        else:
+            inputs = _Inputs()
+            fingerprint(sample, self._by_value, inputs)
+        call = _SampleCall(self.model, sample, inputs)
         names = [f"arg{j}" for j in range(len(tensors))]
         try:
             traced = trace(call, tensors, names, live=True)
-        except DataDependenceError as e:   # a read of an integer tensor argument: structure, not an input
-            read = {tensors[int(name.removeprefix("arg"))] for name in e.inputs}
-            positions = {j for j, a in enumerate(sample) if any(a is t for t in read) and _is_index(a)}
-            if positions:
-                raise _ReadByValue(positions) from e
+        except DataDependenceError as e:   # a read of integer tensors of the sample: structure, not inputs
+            read = [int(name.removeprefix("arg")) for name in e.inputs]
+            paths = {inputs.paths[k] for k in read if _is_index(tensors[k])}
+            if paths:
+                raise _ReadByValue(paths) from e
             raise
         try:
             graph = prepare(traced.graph, traced.out_spec, traced.constants, self.options)
@@ -518,18 +532,19 @@ def _family(kind: type) -> Any:
     return family
 
 
-def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
+def fingerprint(sample: tuple, by_value: Collection[str] = (), inputs: _Inputs | None = None
+                ) -> tuple[Hashable, list[torch.Tensor]]:
     """``(key, tensors)``: a hashable key equal for two samples of the same structure, and the sample's
-    tensors in order. Python data is compared by value (through lists, tuples, dicts and the attributes of
-    plain objects; shared and cyclic objects by where they were first seen), tensors by shape, dtype and
-    device. ``TypeError`` for what it cannot compare, and for a tensor inside an object, which tracing
-    would freeze."""
+    tensors in order. Python data is compared by value (through lists, tuples, dicts, other mappings and the
+    attributes of objects; shared and cyclic objects by where they were first seen), tensors by shape, dtype
+    and device, but the integer tensors at the paths ``by_value`` by their values too (those are not among
+    ``tensors``). ``inputs``, if given, is filled in. ``TypeError`` for what it cannot compare."""
     tensors: list[torch.Tensor] = []
     key: list[Hashable] = []
     walk = None
     for i, arg in enumerate(sample):   # the common arguments first, without the walk's bookkeeping
         kind = type(arg)
-        if kind is torch.Tensor:
+        if kind is torch.Tensor and not by_value and inputs is None:
             tensors.append(arg)
             key.append(_tensor_key(arg))
             continue
@@ -538,26 +553,21 @@ def fingerprint(sample: tuple) -> tuple[Hashable, list[torch.Tensor]]:
             if found is not None:
                 key.append(found)
                 continue
-        walk = walk or _Walk(tensors)
+        walk = walk or _Walk(tensors, by_value, inputs)
         key.append(walk(arg, f"argument {i}", False))
     return tuple(key), tensors
 
 
 class _ReadByValue(Exception):
-    """``forward`` read the values of the integer tensor arguments at ``positions``: they are structure."""
+    """``forward`` read the values of the integer tensors at ``paths``: they are structure."""
 
-    def __init__(self, positions: set[int]):
-        super().__init__(positions)
-        self.positions = positions
+    def __init__(self, paths: set[str]):
+        super().__init__(paths)
+        self.paths = paths
 
 
 def _is_index(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex())
-
-
-def _read_by_value(sample: tuple, positions: set[int]) -> dict[int, torch.Tensor]:
-    """The integer tensor arguments of ``sample`` at ``positions``, by position."""
-    return {j: sample[j] for j in sorted(positions) if j < len(sample) and _is_index(sample[j])}
 
 
 def _values_key(t: torch.Tensor) -> Hashable:
@@ -585,8 +595,8 @@ def _int_lists(x: list | tuple) -> Hashable | None:
 class _Walk:
     """:func:`fingerprint`'s walk through any argument; objects are numbered where first seen."""
 
-    def __init__(self, tensors: list[torch.Tensor]):
-        self.tensors = tensors
+    def __init__(self, tensors: list[torch.Tensor], by_value: Collection[str], inputs: _Inputs | None):
+        self.tensors, self.by_value, self.inputs = tensors, by_value, inputs
         self.seen: dict[int, int] = {}
 
     def __call__(self, x: Any, path: str, inside_object: bool) -> Hashable:
@@ -599,9 +609,16 @@ class _Walk:
                 return found
             return kind, tuple([self(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
         if isinstance(x, torch.Tensor):
-            if inside_object:
-                raise _HeldTensor(_held(path))
+            inputs = self.inputs
+            if path in self.by_value and _is_index(x):
+                if inputs is not None:
+                    inputs.by_value[path] = x
+                return _values_key(x)
             self.tensors.append(x)
+            if inputs is not None:
+                inputs.tensors.append(x)
+                inputs.paths.append(path)
+                inputs.in_objects = inputs.in_objects or inside_object
             return _tensor_key(x)
         if kind is dict:
             return kind, tuple([(k, self(v, f"{path}[{k!r}]", inside_object)) for k, v in x.items()])
@@ -611,16 +628,18 @@ class _Walk:
         seen[id(x)] = len(seen)
         # Subclasses of the containers and atoms above (an OrderedDict, a namedtuple, an IntEnum) are objects:
         # their items or value are compared, then their attributes; tensors among them are not inputs.
+        if isinstance(x, type):   # (a class, as objects' attributes may hold: compared by identity)
+            return x
         family = _family(kind)
-        if family is Mapping:
-            return kind, tuple([(k, self(v, f"{path}[{k!r}]", True)) for k, v in x.items()]), self._attributes(x, path)
+        if family is Mapping:   # (by its items alone: a mapping's attributes hold its storage, its owner)
+            return kind, tuple([(k, self(v, f"{path}[{k!r}]", True)) for k, v in x.items()])
         if family is list:
             return kind, tuple([self(v, f"{path}[{i}]", True) for i, v in enumerate(x)]), self._attributes(x, path)
         if family is enum.Enum:   # (a member is one object, compared by identity)
             return kind, x
         if family is not None:
             return kind, family(x), self._attributes(x, path)
-        if hasattr(x, "__dict__") and not isinstance(x, (nn.Module, type)) and not callable(x):
+        if hasattr(x, "__dict__") and not isinstance(x, nn.Module) and not _builtin_callable(x):
             return kind, tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()])
         if isinstance(x, numpy.ndarray):
             return "ndarray", x.dtype.str, x.shape, x.tobytes()
@@ -632,13 +651,9 @@ class _Walk:
         return tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()]) if hasattr(x, "__dict__") else ()
 
 
-class _HeldTensor(TypeError):
-    """A tensor held by a Python object of a sample, which tracing would freeze."""
-
-
-def _held(path: str) -> str:
-    return (f"a tensor at {path} is held by a Python object: tracing would freeze its values. Pass it as an "
-            "argument (or in a list, tuple or dict argument)")
+def _builtin_callable(x: Any) -> bool:
+    """A function, method or partial: not compared by value (an instance of a class with ``__call__`` is)."""
+    return callable(x) and type(x).__module__ in ("builtins", "functools")
 
 
 _NOT_DATA = (nn.Module, type, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
@@ -671,12 +686,25 @@ def _held_tensor_of(sample: tuple) -> str | None:
     return next((path for i, a in enumerate(sample) if (path := _held_tensor(a, f"argument {i}"))), None)
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors of ``value`` in :func:`fingerprint`'s order (through lists, tuples and dicts)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if type(value) in (list, tuple):
-        return [t for item in value for t in _tensors(item)]
-    if type(value) is dict:
-        return [t for item in value.values() for t in _tensors(item)]
-    return []
+def _plain_inputs(sample: tuple, by_value: Collection[str]) -> _Inputs:
+    """The tensors of ``sample`` in lists, tuples and dicts, in :func:`fingerprint`'s order, with their paths
+    (for ``key=``, which does not walk the sample's objects)."""
+    inputs = _Inputs()
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, torch.Tensor):
+            if path in by_value and _is_index(value):
+                inputs.by_value[path] = value
+            else:
+                inputs.tensors.append(value)
+                inputs.paths.append(path)
+        elif type(value) in (list, tuple):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]")
+        elif type(value) is dict:
+            for k, item in value.items():
+                walk(item, f"{path}[{k!r}]")
+
+    for i, arg in enumerate(sample):
+        walk(arg, f"argument {i}")
+    return inputs

@@ -17,6 +17,11 @@ class DataDependenceError(FrontendError):
     """Traced code read a tensor's values (``t.tolist()``, ``if t > 0``); ``inputs`` names the inputs that the
     value read was computed from."""
 
-    def __init__(self, message: str, inputs: tuple[str, ...] = ()):
-        super().__init__(message)
+    def __init__(self, line: str, what: str, inputs: tuple[str, ...] = (), stack: str = ""):
+        super().__init__(
+            f"data-dependent control flow at {line}\n{what}.\n"
+            "dynamo_relational.compile traces the structure from Python data only: it cannot branch on, or "
+            "read, tensor values. Use tensor ops (torch.where, masks as multiplications), or "
+            "torch.compile(model, backend=\"relational\") which handles graph breaks."
+            + (f"\nUser stack (innermost last):\n{stack}" if stack else ""))
         self.inputs = inputs

@@ -98,6 +98,8 @@ class Recording(TorchFunctionMode):
         self._constants_read: list[tuple[str, torch.Tensor, int | None]] = []
         #: whether a recorded op drew random numbers (as the eager call draws them)
         self.drew = False
+        #: the node whose value Python code read (or whose shape depends on values), if that is why it gave up
+        self.read: fx.Node | None = None
         self._check = RejectDataDependentOps()
         self._grad_enabled = True
         self._stop: FrameType | None = None
@@ -284,6 +286,7 @@ class Recording(TorchFunctionMode):
                 return func(*args, **kwargs)
         except DataDependentOp:
             self.unusable = f"{getattr(node.target, '__name__', node.target)} has a value-dependent output"
+            self.read = node
             return func(*args, **kwargs)
 
     def _record_value(self, node: fx.Node, out: Any) -> None:
@@ -305,6 +308,7 @@ class Recording(TorchFunctionMode):
                 self._traced(t, item)
         else:
             self.unusable = f"{node.target} returns a {type(out).__name__}, which Python code reads"
+            self.read = node
 
     def _traced(self, t: torch.Tensor, node: fx.Node) -> None:
         self._nodes[id(t)] = node

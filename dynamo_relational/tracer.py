@@ -353,15 +353,10 @@ class Tracer(fx.Tracer):
         """The error for user code that reads the value of ``read`` (or runs an op of value-dependent shape)."""
         user_frames = frames(self._stop)
         stack = "".join(format_frame(*f) for f in reversed(user_frames))
-        return DataDependenceError(
-            f"data-dependent control flow at {user_line(user_frames)}\n{what}.\n"
-            "dynamo_relational.compile traces the structure from Python data only: it cannot branch on, or "
-            "read, tensor values. Use tensor ops (torch.where, masks as multiplications), or "
-            "torch.compile(model, backend=\"relational\") which handles graph breaks.\n"
-            f"User stack (innermost last):\n{stack}", _inputs_of(read))
+        return DataDependenceError(user_line(user_frames), what, inputs_of(read), stack)
 
 
-def _inputs_of(node: fx.Node) -> tuple[str, ...]:
+def inputs_of(node: fx.Node) -> tuple[str, ...]:
     """The names of the placeholders that ``node`` is computed from."""
     found, seen, todo = [], {node}, [node]
     while todo:

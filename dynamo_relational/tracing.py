@@ -16,14 +16,14 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from .forward_constants import copy_mutated_constants, returned_constants_share_memory
-from .errors import FrontendError
+from .errors import DataDependenceError, FrontendError
 from .model_state import HeldAttributes, PlainObjects
 from .module_hooks import refuse_unrecorded_hooks
 from .ops import tensor_info
 from .progress import NONE as NO_PROGRESS, CompileProgress
 from .recorder import Recording
 from .source_lines import recorded_line
-from .tracer import Tracer
+from .tracer import Tracer, inputs_of
 from .untraced_calls import drew_since, generator_states, set_generator_states
 
 log = logging.getLogger("dynamo_relational")
@@ -111,6 +111,9 @@ def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str]
     except Exception:
         from_copies()
         raise
+    if recording.read is not None:   # (the tracer refuses a read of a value too: say which inputs it reads)
+        raise DataDependenceError(recorded_line(recording.read), cast(str, recording.unusable),
+                                  inputs_of(recording.read))
     if recording.unusable is not None:
         log.debug("relational: recording %s gave up (%s); tracing from copies", type(model).__name__,
                   recording.unusable)

@@ -208,7 +208,7 @@ def test_key_names_the_structure():
         batched([batch[0], (Tree([torch.tensor([1]), []]), batch[1][1][:2])])   # (its values would be frozen)
 
 
-def test_structure_in_plain_objects_is_fingerprinted_and_tensors_inside_them_are_refused():
+def test_structure_in_plain_objects_is_fingerprinted():
     class Node:
         def __init__(self, word, children=()):
             self.word, self.children = word, list(children)
@@ -233,8 +233,6 @@ def test_structure_in_plain_objects_is_fingerprinted_and_tensors_inside_them_are
     # (rows times a per-sample scalar are not restricted to a batch: the samples run one by one)
     assert_batches_match_eager(batched, model, batch, through_union=False)
     assert batched.report.structures == 2
-    with pytest.raises(FrontendError, match=r"sample 0: a tensor at argument 0\.word"):
-        batched([(Node(torch.tensor(1)), torch.ones((), dtype=torch.float64))])
 
 
 class NodeStates(TreeRNN):
@@ -708,11 +706,10 @@ def test_fingerprints_are_equal_exactly_for_equal_structures():
             same = type(a) is type(b) and repr(a) == repr(b)
             assert (keys[i] == keys[j]) == same, (a, b)
     assert fingerprint(([[1]], torch.zeros(2, 3)))[0] != fingerprint(([[1]], torch.zeros(3, 3)))[0]
-    # another mapping than a dict is an object: its contents are structure, and a tensor in it is refused
+    # another mapping than a dict is an object: its items are structure, or inputs
     ordered = [collections.OrderedDict(children=c) for c in ([[1], []], [[1, 2], [], []], [[1], []])]
     assert [fingerprint((o, x))[0] for o in ordered].count(fingerprint((ordered[0], x))[0]) == 2
-    with pytest.raises(TypeError, match=r"a tensor at argument 0\['x'\] is held by a Python object"):
-        fingerprint((collections.OrderedDict(x=x),))
+    assert fingerprint((collections.OrderedDict(x=x),))[1][0] is x   # (an input, as a tensor an object holds)
     # so are other subclasses of lists, tuples and atoms, and enum members: their items or values are compared
     class Children(list):
         pass
@@ -729,22 +726,35 @@ def test_fingerprints_are_equal_exactly_for_equal_structures():
         assert fingerprint((a,))[0] == fingerprint((copy.copy(a),))[0] != fingerprint((b,))[0], (a, b)
 
 
-def test_a_sample_object_holding_tensors_is_refused_naming_the_tensor():
-    class Graph:   # (callable, as PyG's Data is: not compared by value)
-        def __init__(self, x, in_nbrs):
-            self.x, self.in_nbrs = x, in_nbrs
+def test_tensors_that_objects_hold_are_inputs_and_a_pyg_data_sample_batches():
+    data_module = pytest.importorskip("torch_geometric.data")
 
-        def __call__(self):
-            return self.x
+    class PerGraph(EdgeIndexGCN):   # forward(data), as PyG code is written
+        def forward(self, data):
+            h = [self.lin(data.x[v]) for v in range(data.num_nodes)]   # (num_nodes reads x: a tensor, not a proxy)
+            total = list(h)
+            for u, v in data.edge_index.t().tolist():
+                total[v] = total[v] + h[u]
+            return self.out(torch.relu(torch.stack(total))).sum()
 
-    class PerGraph(nn.Module):
-        def forward(self, graph):
-            return sum(graph.x[u] for nbrs in graph.in_nbrs for u in nbrs)
-
-    graph = Graph(torch.randn(2, 3), [[1], [0]])
-    for key in (None, lambda graph: tuple(map(tuple, graph.in_nbrs))):
-        with pytest.raises(FrontendError, match=r"sample 0: a tensor at argument 0\.x is held by a Python object"):
-            dynamo_relational.batch(PerGraph(), key=key)([graph])
+    torch.manual_seed(0)
+    data = [data_module.Data(x=x, edge_index=edge_index)
+            for x, edge_index in (_with_edge_index(*sample) for sample in dataset("gcn", 8, features=4,
+                                                                                  dtype=torch.float64))]
+    model = PerGraph().double()
+    batched = dynamo_relational.batch(model)
+    batched(data)
+    for batch in (data[::-1], data[1:5]):   # (the graphs' x are inputs: other values, same structures)
+        batch = [data_module.Data(x=torch.randn_like(d.x), edge_index=d.edge_index) for d in batch]
+        got, want = batched(batch), [model(d) for d in batch]
+        torch.testing.assert_close(got, want, **BATCH_TOLERANCE)
+        gradients = [torch.autograd.grad(sum(y.sum() for y in ys), list(model.parameters())) for ys in (got, want)]
+        torch.testing.assert_close(*gradients, **BATCH_TOLERANCE)
+    report = batched.report
+    assert (report.structures, report.eager_samples, report.unbatched, report.groupings) == (8, 8, 0, 1)
+    with pytest.raises(FrontendError, match=r"sample 0: a tensor at argument 0\._store\['x'\] is held by a Python "
+                                            r"object: .* or leave out key="):
+        dynamo_relational.batch(model, key=lambda d: d.num_nodes)(data[:1])
 
 
 def test_options_disable_passes_and_a_failing_optimizer_pass_leaves_the_union_as_it_was(monkeypatch):
