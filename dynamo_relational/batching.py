@@ -661,7 +661,7 @@ _NOT_DATA = (nn.Module, type, types.FunctionType, types.MethodType, types.Builti
 
 def _held_tensor(value: Any, path: str, inside_object: bool = False, seen: set[int] | None = None) -> str | None:
     """The path of a tensor that a Python object among ``value`` holds (through lists, tuples, mappings and
-    attributes), which the sample's tensors (:func:`_tensors`) do not include; None if there is none."""
+    attributes), which the walk for ``key=`` (:func:`_plain_inputs`) does not find; None if there is none."""
     if isinstance(value, torch.Tensor):
         return path if inside_object else None
     kind = type(value)
