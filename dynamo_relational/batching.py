@@ -33,8 +33,7 @@ of the sample holding the traced tensors. An integer tensor whose values
 structure: found on the first trace that reads it, it is compared by value
 from then on, at its path, and each trace keeps a copy of it. ``key=``
 replaces the comparison with a function of the sample; two samples with equal
-keys must have the same structure, and their tensors must be in lists, tuples
-and dicts.
+keys must have the same structure.
 
 Where the union cannot be restricted (an op that mixes rows of samples, a
 per-sample value the analysis cannot place), the reason is logged once and
@@ -47,7 +46,6 @@ import dataclasses
 import enum
 import logging
 import time
-import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import chain
@@ -333,7 +331,7 @@ class BatchedModule(nn.Module):
     def _key(self, sample: tuple, i: int) -> tuple[Hashable, list[torch.Tensor]]:
         """The structure of sample ``i`` and its tensors."""
         if self.key is not None:
-            inputs = _plain_inputs(sample, self._by_value)
+            inputs = _tensors_anywhere(sample, self._by_value)
             return _Key(("key", self.key(*sample), tuple((t.shape, t.dtype, t.device) for t in inputs.tensors),
                          tuple(_values_key(t) for t in inputs.by_value.values()))), inputs.tensors
         try:
@@ -384,12 +382,7 @@ class BatchedModule(nn.Module):
 
     def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> tuple[_Structure, tuple | None]:
         if self.key is not None:
-            held = _held_tensor_of(sample)   # (the fingerprint finds those; the plain walk of key= does not)
-            if held is not None:
-                raise FrontendError(f"a tensor at {held} is held by a Python object: tracing would freeze its "
-                                    "values. Pass it as an argument (or in a list, tuple or dict argument), or "
-                                    "leave out key=")
-            inputs = _plain_inputs(sample, self._by_value)
+            inputs = _tensors_anywhere(sample, self._by_value)
         else:
             inputs = _Inputs()
             fingerprint(sample, self._by_value, inputs)
@@ -656,55 +649,36 @@ def _builtin_callable(x: Any) -> bool:
     return callable(x) and type(x).__module__ in ("builtins", "functools")
 
 
-_NOT_DATA = (nn.Module, type, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+def _tensors_anywhere(sample: tuple, by_value: Collection[str]) -> _Inputs:
+    """The tensors of ``sample`` wherever they are (through lists, tuples, mappings and the attributes of objects,
+    in :func:`fingerprint`'s order), with their paths: the inputs of a sample whose structure ``key=`` names,
+    which is not compared."""
+    inputs, seen = _Inputs(), set()
 
-
-def _held_tensor(value: Any, path: str, inside_object: bool = False, seen: set[int] | None = None) -> str | None:
-    """The path of a tensor that a Python object among ``value`` holds (through lists, tuples, mappings and
-    attributes), which the walk for ``key=`` (:func:`_plain_inputs`) does not find; None if there is none."""
-    if isinstance(value, torch.Tensor):
-        return path if inside_object else None
-    kind = type(value)
-    if kind in _ATOMS or isinstance(value, _NOT_DATA):
-        return None
-    seen = set() if seen is None else seen
-    if id(value) in seen:
-        return None
-    seen.add(id(value))
-    if kind is list or kind is tuple:
-        items = [(f"{path}[{i}]", item, inside_object) for i, item in enumerate(value)]
-    elif isinstance(value, Mapping):   # (a dict is a sample's container; another mapping is an object)
-        items = [(f"{path}[{k!r}]", item, inside_object or kind is not dict) for k, item in value.items()]
-    elif hasattr(value, "__dict__"):
-        items = [(f"{path}.{k}", item, True) for k, item in vars(value).items()]
-    else:
-        return None
-    return next((found for where, item, inside in items if (found := _held_tensor(item, where, inside, seen))), None)
-
-
-def _held_tensor_of(sample: tuple) -> str | None:
-    return next((path for i, a in enumerate(sample) if (path := _held_tensor(a, f"argument {i}"))), None)
-
-
-def _plain_inputs(sample: tuple, by_value: Collection[str]) -> _Inputs:
-    """The tensors of ``sample`` in lists, tuples and dicts, in :func:`fingerprint`'s order, with their paths
-    (for ``key=``, which does not walk the sample's objects)."""
-    inputs = _Inputs()
-
-    def walk(value: Any, path: str) -> None:
+    def walk(value: Any, path: str, inside_object: bool) -> None:
         if isinstance(value, torch.Tensor):
             if path in by_value and _is_index(value):
                 inputs.by_value[path] = value
             else:
                 inputs.tensors.append(value)
                 inputs.paths.append(path)
-        elif type(value) in (list, tuple):
+                inputs.in_objects = inputs.in_objects or inside_object
+            return
+        kind = type(value)
+        if kind in _ATOMS or isinstance(value, (nn.Module, type)) or _builtin_callable(value) or id(value) in seen:
+            return
+        seen.add(id(value))
+        plain = kind is list or kind is tuple or kind is dict
+        if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
-                walk(item, f"{path}[{i}]")
-        elif type(value) is dict:
+                walk(item, f"{path}[{i}]", inside_object or not plain)
+        elif isinstance(value, Mapping):
             for k, item in value.items():
-                walk(item, f"{path}[{k!r}]")
+                walk(item, f"{path}[{k!r}]", inside_object or not plain)
+        elif hasattr(value, "__dict__"):
+            for k, item in vars(value).items():
+                walk(item, f"{path}.{k}", True)
 
     for i, arg in enumerate(sample):
-        walk(arg, f"argument {i}")
+        walk(arg, f"argument {i}", False)
     return inputs
