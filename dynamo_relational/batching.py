@@ -665,10 +665,13 @@ def _tensors_anywhere(sample: tuple, by_value: Collection[str]) -> _Inputs:
                 inputs.in_objects = inputs.in_objects or inside_object
             return
         kind = type(value)
-        if kind in _ATOMS or isinstance(value, (nn.Module, type)) or _builtin_callable(value) or id(value) in seen:
+        if kind in _ATOMS or isinstance(value, (nn.Module, type)) or _builtin_callable(value):
             return
-        seen.add(id(value))
         plain = kind is list or kind is tuple or kind is dict
+        if not plain:   # (objects are walked once, where first seen, as fingerprint and _substituted do)
+            if id(value) in seen:
+                return
+            seen.add(id(value))
         if isinstance(value, (list, tuple)):
             for i, item in enumerate(value):
                 walk(item, f"{path}[{i}]", inside_object or not plain)
