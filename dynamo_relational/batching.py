@@ -146,7 +146,7 @@ class _SampleCall(nn.Module):
     is held in a closure: its tensors are the trace's inputs, which a live trace may change as the call would,
     not tensors the model holds.)"""
 
-    def __init__(self, model: nn.Module, sample: tuple, inputs: "_Inputs | None" = None):
+    def __init__(self, model: nn.Module, sample: tuple, inputs: _Inputs | None = None):
         super().__init__()
         self.model = model
         if inputs is None or not (inputs.in_objects or inputs.by_value):
@@ -186,6 +186,16 @@ class _Inputs:
     paths: list[str] = field(default_factory=list)
     in_objects: bool = False
     by_value: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def add(self, t: torch.Tensor, path: str, inside_object: bool, by_value: Collection[str]) -> bool:
+        """Note the tensor ``t`` found at ``path``; whether it is read by value (structure), not an input."""
+        if path in by_value and _is_index(t):
+            self.by_value[path] = t
+            return True
+        self.tensors.append(t)
+        self.paths.append(path)
+        self.in_objects = self.in_objects or inside_object
+        return False
 
 
 @dataclass
@@ -532,23 +542,24 @@ def fingerprint(sample: tuple, by_value: Collection[str] = (), inputs: _Inputs |
     attributes of objects; shared and cyclic objects by where they were first seen), tensors by shape, dtype
     and device, but the integer tensors at the paths ``by_value`` by their values too (those are not among
     ``tensors``). ``inputs``, if given, is filled in. ``TypeError`` for what it cannot compare."""
-    tensors: list[torch.Tensor] = []
+    asked = inputs is not None
+    found = inputs if inputs is not None else _Inputs()
     key: list[Hashable] = []
     walk = None
     for i, arg in enumerate(sample):   # the common arguments first, without the walk's bookkeeping
         kind = type(arg)
-        if kind is torch.Tensor and not by_value and inputs is None:
-            tensors.append(arg)
+        if kind is torch.Tensor and not by_value and not asked:   # (the paths only serve a caller who asks)
+            found.tensors.append(arg)
             key.append(_tensor_key(arg))
             continue
         if kind is list or kind is tuple:
-            found = _int_lists(arg)
-            if found is not None:
-                key.append(found)
+            ints = _int_lists(arg)
+            if ints is not None:
+                key.append(ints)
                 continue
-        walk = walk or _Walk(tensors, by_value, inputs)
+        walk = walk or _Walk(found, by_value)
         key.append(walk(arg, f"argument {i}", False))
-    return tuple(key), tensors
+    return tuple(key), found.tensors
 
 
 class _ReadByValue(Exception):
@@ -588,8 +599,8 @@ def _int_lists(x: list | tuple) -> Hashable | None:
 class _Walk:
     """:func:`fingerprint`'s walk through any argument; objects are numbered where first seen."""
 
-    def __init__(self, tensors: list[torch.Tensor], by_value: Collection[str], inputs: _Inputs | None):
-        self.tensors, self.by_value, self.inputs = tensors, by_value, inputs
+    def __init__(self, inputs: _Inputs, by_value: Collection[str]):
+        self.inputs, self.by_value = inputs, by_value
         self.seen: dict[int, int] = {}
 
     def __call__(self, x: Any, path: str, inside_object: bool) -> Hashable:
@@ -602,17 +613,7 @@ class _Walk:
                 return found
             return kind, tuple([self(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
         if isinstance(x, torch.Tensor):
-            inputs = self.inputs
-            if path in self.by_value and _is_index(x):
-                if inputs is not None:
-                    inputs.by_value[path] = x
-                return _values_key(x)
-            self.tensors.append(x)
-            if inputs is not None:
-                inputs.tensors.append(x)
-                inputs.paths.append(path)
-                inputs.in_objects = inputs.in_objects or inside_object
-            return _tensor_key(x)
+            return _values_key(x) if self.inputs.add(x, path, inside_object, self.by_value) else _tensor_key(x)
         if kind is dict:
             return kind, tuple([(k, self(v, f"{path}[{k!r}]", inside_object)) for k, v in x.items()])
         seen = self.seen
@@ -657,12 +658,7 @@ def _tensors_anywhere(sample: tuple, by_value: Collection[str]) -> _Inputs:
 
     def walk(value: Any, path: str, inside_object: bool) -> None:
         if isinstance(value, torch.Tensor):
-            if path in by_value and _is_index(value):
-                inputs.by_value[path] = value
-            else:
-                inputs.tensors.append(value)
-                inputs.paths.append(path)
-                inputs.in_objects = inputs.in_objects or inside_object
+            inputs.add(value, path, inside_object, by_value)
             return
         kind = type(value)
         if kind in _ATOMS or isinstance(value, (nn.Module, type)) or _builtin_callable(value):

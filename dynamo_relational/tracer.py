@@ -18,8 +18,8 @@ torch.no_grad():`` blocks are recorded as Dynamo records them; autocast inside `
 from __future__ import annotations
 
 import contextlib
-import operator
 import gc
+import operator
 import sys
 import time
 from dataclasses import fields, is_dataclass
