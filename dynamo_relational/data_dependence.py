@@ -56,7 +56,7 @@ def reads_a_number(node: fx.Node) -> bool:
     (``x.reshape(n)``, ``torch.zeros(n)``), which makes the result's shape depend on its value."""
     for operand in node.all_input_nodes:
         info = tensor_info(operand)
-        if info is not None and info.rank == 0 and not (info.dtype.is_floating_point or info.dtype.is_complex):
+        if info is not None and info.number:
             return True
     return False
 

@@ -137,9 +137,12 @@ def _items(container: list | tuple | dict) -> Any:
     return container.values() if isinstance(container, dict) else container
 
 
-#: nn.Module's own state: its parameters, buffers and submodules (the graph reads those as get_attr nodes) and
-#: its train/eval flag (:meth:`RelationalModule._state` keys the graphs by it)
-MODULE_STATE = frozenset(("_parameters", "_buffers", "_modules", "training"))
+#: nn.Module's own state, what every module has: its parameters, buffers and submodules (the graph reads those
+#: as get_attr nodes), its train/eval flag (:meth:`RelationalModule._state` keys the graphs by it) and its hooks
+#: (which tracing refuses or records: :func:`~dynamo_relational.module_hooks.refuse_unrecorded_hooks`)
+MODULE_STATE = frozenset(vars(nn.Module()))
+#: the dicts of that state where ``nn.Module.__setattr__`` stores a tensor or module assigned to an attribute
+REGISTRIES = frozenset(("_parameters", "_buffers", "_modules"))
 
 
 class PlainObjects:

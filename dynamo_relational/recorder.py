@@ -41,9 +41,9 @@ from torch.utils import _pytree as pytree
 from .data_dependence import (DataDependentOp, RejectDataDependentOps, needs_check, numbers_in_index, reads_a_number,
                               static_target)
 from .forward_constants import changed_constant, returned_constants_share_memory, tensor_version
-from .model_state import MODULE_STATE, HeldAttributes, PlainObjects, traced_in
+from .model_state import REGISTRIES, HeldAttributes, PlainObjects, traced_in
 from .nodes import new_node
-from .ops.base import value_info
+from .ops.base import TensorInfo, value_info
 from .ops.elementwise import ADDITIONS
 from .ops.facts import target_may_alias, target_writes
 from .passes.cse import merges_by_target
@@ -110,12 +110,16 @@ class Recording(TorchFunctionMode):
         self._calls: dict[tuple, fx.Node] = {}
         #: nodes that stand for the results of several calls
         self._merged: set[fx.Node] = set()
+        #: whether a node's value is a number (0-dim integer tensor, ``TensorInfo.number``): until one is, no
+        #: operand can be read as a number (:func:`reads_a_number` is skipped)
+        self._numbers = False
         for name, t in zip(input_names, inputs):
             if id(t) in self._nodes or id(t) in self._model_names:
                 self.unusable = f"input {name} is given twice, or is a tensor of the model"
             node = self.graph.create_node("placeholder", name, (), {})
             node.meta["example_value"] = t
             self._nodes[id(t)] = node
+            self._note_number(value_info(t))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -138,7 +142,8 @@ class Recording(TorchFunctionMode):
         out = self._call(node, static, func, args, kwargs)
         if self.unusable is None:
             if written:
-                node.meta["rel_info"] = value_info(out)   # (later reads of the operand read its node)
+                node.meta["rel_info"] = info = value_info(out)   # (later reads of the operand read its node)
+                self._note_number(info)
             else:
                 self._record_value(node, out)
                 if key is not None and type(out) is _Tensor:
@@ -207,6 +212,7 @@ class Recording(TorchFunctionMode):
             value = t
         node = self._constants[id(t)] = self.graph.create_node("get_attr", name, (), {})
         node.meta["example_value"] = value
+        self._note_number(value_info(value))
         return node
 
     # -- nodes ---------------------------------------------------------------
@@ -279,7 +285,7 @@ class Recording(TorchFunctionMode):
         """``func``'s result; an op that may have a value-dependent output (shape) runs under the check that
         raises on such ATen ops, as the tracer runs it (then the recording gives up and the op runs again).
         ``static``: the node's target is known to be shape-static (:func:`static_target`)."""
-        if static and not reads_a_number(node) or not needs_check(node):
+        if static and not (self._numbers and reads_a_number(node)) or not needs_check(node):
             return func(*args, **kwargs)
         try:
             with self._check:
@@ -291,7 +297,8 @@ class Recording(TorchFunctionMode):
 
     def _record_value(self, node: fx.Node, out: Any) -> None:
         if isinstance(out, torch.Tensor):
-            node.meta["rel_info"] = value_info(out)
+            node.meta["rel_info"] = info = value_info(out)
+            self._note_number(info)
             self._traced(out, node)
         elif isinstance(out, (tuple, list)) and out and all(isinstance(t, torch.Tensor) for t in out):
             # (also torch.return_types: h.max(0).values reads the item itself)
@@ -304,11 +311,16 @@ class Recording(TorchFunctionMode):
             for i, t in enumerate(out):   # (fx's proxies record a getitem for each item read)
                 item = new_node(self.graph, "call_function", operator.getitem, (source, i), {})
                 item.meta["stack_trace"] = node.meta.get("stack_trace", "")
-                item.meta["rel_info"] = value_info(t)
+                item.meta["rel_info"] = info = value_info(t)
+                self._note_number(info)
                 self._traced(t, item)
         else:
             self.unusable = f"{node.target} returns a {type(out).__name__}, which Python code reads"
             self.read = node
+
+    def _note_number(self, info: TensorInfo | None) -> None:
+        if info is not None and info.number:
+            self._numbers = True
 
     def _traced(self, t: torch.Tensor, node: fx.Node) -> None:
         self._nodes[id(t)] = node
@@ -378,10 +390,11 @@ class Recording(TorchFunctionMode):
             return isinstance(value, torch.Tensor) and id(value) in traced
 
         # (an attribute that still holds what it held holds no new traced value, unless it is a list or dict,
-        # which ``attributes`` looks into, or the module's own state: a long list of Python data is not walked)
+        # which ``attributes`` looks into, or a dict where nn.Module stores assigned tensors: a long list of
+        # Python data is not walked)
         stored = [(module, name, before) for module, before in module_attributes
                   for name, value in vars(module).items()
-                  if (name not in before or before[name] is not value or name in MODULE_STATE)
+                  if (name not in before or before[name] is not value or name in REGISTRIES)
                   and traced_in(value, is_traced) is not None]
         for module, name, before in stored:
             if name in before:

@@ -45,16 +45,19 @@ class TensorInfo:
             # computed once per distinct info: the passes ask for them once or more per FX node
             object.__setattr__(info, "rank", len(key[0]))
             object.__setattr__(info, "numel", n)
+            object.__setattr__(info, "number", not key[0] and not (key[1].is_floating_point or key[1].is_complex))
         return info
 
     def __reduce__(self):
         return TensorInfo, (self.shape, self.dtype, self.device)
 
-    # ``rank`` (len(shape)) and ``numel`` (prod(shape)) are plain attributes set by __new__,
-    # not fields: they follow from the shape.
+    # ``rank`` (len(shape)), ``numel`` (prod(shape)) and ``number`` (0-dim and integer or boolean: PyTorch
+    # reads it as a number where a call takes one) are plain attributes set by __new__, not fields: they
+    # follow from the shape and dtype.
     if TYPE_CHECKING:
         rank: int
         numel: int
+        number: bool
 
 
 _INTERNED: dict[tuple, TensorInfo] = {}
