@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.fx as fx
 from torch.fx.graph import _illegal_names, _name_regex
 
+_Node = fx.Node
+_new = fx.Node.__new__
+_init_base = torch._C._NodeBase.__init__
+_LEGAL_OPS = fx.node._legal_ops
 _TARGET_NAMES: dict[Any, str] = {}
 #: a name fx's namespace was asked for -> (its base, whether it ends in a number, whether it is reserved)
 _PARSED: dict[str, tuple[str, bool, bool]] = {}
@@ -55,13 +60,18 @@ def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict,
         candidate = f"{base}_{num}"
     used.add(candidate)
     namespace._base_count[base] = num
-    node = fx.Node(graph, candidate, kind, target, args, kwargs, type_expr)
-    hooks = getattr(graph.owning_module, "_create_node_hooks", None)
+    if kind == "call_function" and not callable(target) or kind not in _LEGAL_OPS:
+        return fx.Node(graph, candidate, kind, target, args, kwargs, type_expr)   # (fx's error)
+    node = _new(_Node)   # (what fx.Node.__init__ does past its checks of op and target)
+    _init_base(node, graph, candidate, kind, target, type_expr)
+    node._update_args_kwargs(args, kwargs)
+    hooks = getattr(graph._owning_module, "_create_node_hooks", None)
     for hook in hooks or ():
         hook(node)
-    namespace.associate_name_with_obj(candidate, node)
+    namespace._obj_to_name[node] = candidate   # (associate_name_with_obj)
     graph._insert(node)
-    graph._find_nodes_lookup_table.insert(node)
+    # (the graph's table by op and target: _FindNodesLookupTable.insert)
+    graph._find_nodes_lookup_table.table[(kind, target if kind == "call_function" else None)][node] = None
     graph._len += 1
     return node
 

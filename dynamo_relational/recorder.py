@@ -210,7 +210,7 @@ class Recording(TorchFunctionMode):
             value = t.detach().clone()   # (a constant made in forward is fresh in every eager call)
         else:
             value = t
-        node = self._constants[id(t)] = self.graph.create_node("get_attr", name, (), {})
+        node = self._constants[id(t)] = new_node(self.graph, "get_attr", name, (), {})
         node.meta["example_value"] = value
         self._note_number(value_info(value))
         return node
