@@ -39,6 +39,7 @@ from dynamo_relational.passes.postpone_gathers import row_wise_in
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 
 from .backend import run_pass
+from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.facts import is_factory
 from .options import Options
@@ -277,11 +278,10 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
         row = _row_read(op, target, args, kwargs, placeholders, layouts, sample, offsets)
         if row is not None:
             j, index = row
-            new = graph.call_function(operator.getitem, (union_inputs[j], index), name=f"{name}_s{s}")
+            new = new_node(graph, "call_function", operator.getitem, (union_inputs[j], index), {}, f"{name}_s{s}")
         else:
             # (a name of its own: fx's search for a free one grows with the copies of the same name)
-            new = graph.create_node(op, target, (), {}, name=f"{name}_s{s}")
-            new.args, new.kwargs = fx.node.map_aggregate((args, kwargs), value)   # (unscanned: fast)
+            new = new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
         new.meta.update(meta)
         key = shared.key(new) if row is None and i not in results else None
         if key is not None and key in shared.computed:   # another sample's: now of no one sample
