@@ -125,14 +125,14 @@ class Recording(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.unusable is not None:
             return func(*args, **kwargs)
+        recipe = _recipe(func)
+        if recipe is None:   # (a shape, dtype or device read, or len(): static)
+            return func(*args, **kwargs)
         if not self._reads_traced(args, kwargs):
             # a call on constants alone runs: its result is a constant, as traced; a random one would be
             # frozen (the tracer records it on a second trace)
             if getattr(func, "__name__", None) in random_ops():
                 self.unusable = f"{func.__name__} draws random numbers without a traced argument"
-            return func(*args, **kwargs)
-        recipe = _recipe(func)
-        if recipe is None:   # (a shape, dtype or device read, or len(): static)
             return func(*args, **kwargs)
         try:
             node, written, static, key = self._node(recipe, args, kwargs)
