@@ -316,3 +316,37 @@ def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], th
     want_grads = torch.autograd.grad(sum((w * c).sum() for w, c in zip(want, weights)), wrt)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
+
+
+class Comparisons(nn.Module):
+    """Comparison operators on traced values as masks (``h == b``, ``h > 0``): tensor methods named ``__eq__``
+    ... ``__ge__``, like attributes every Python object has."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, x):
+        out = []
+        b = self.lin.bias * 1   # (a Parameter, a subclass, would have Python try its reflected comparison first)
+        for v in range(x.shape[0]):
+            h = self.lin(x[v])
+            top = (h == b) | (h != -h) & (h >= b)
+            out.append(torch.where(h > 0, h, 0.1 * h) * (h <= 1).to(h.dtype) + top.to(h.dtype) * (h < 2))
+        return torch.stack(out)
+
+
+class MasksAndRemainders(Comparisons):
+    """The other tensor operators, also reflected (``True & m``, ``2 % g``): ``%``, ``//``, ``~``, ``&``, ``|``,
+    ``^``."""
+
+    def forward(self, x):
+        out = []
+        for v in range(x.shape[0]):
+            h = self.lin(x[v])
+            m = h > 0
+            masks = (~m).to(h.dtype) + (True & m).to(h.dtype) + (m ^ (h < 0.2)).to(h.dtype) + (False | m).to(h.dtype)
+            g = h.detach()   # (floor_divide has no derivative, nor remainder for its divisor)
+            steps = g // 0.3 + 3 // (g.abs() + 1) + 2 % (g.abs() + 1)
+            out.append(h % 0.5 + steps + masks)
+        return torch.stack(out)

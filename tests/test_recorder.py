@@ -22,6 +22,7 @@ from dynamo_relational.tracing import trace
 from dynamo_relational.tracing_patches import patches_installed
 from dynamo_relational.union import prepare
 from examples.per_sample import MODELS, dataset
+from tests.helpers import Comparisons
 
 
 def _ops(graph) -> collections.Counter:
@@ -70,6 +71,15 @@ def test_a_recorded_sample_leaves_the_per_sample_passes_the_graph_a_traced_one_d
 
 def _merged(gm):
     return cse.run(gm, PassContext(Options()))
+
+
+def test_comparison_operators_are_recorded_as_the_tracer_records_them():
+    """``h == b`` reaches the mode as ``TensorBase.__eq__`` (which the catalog does not know), ``h > 0`` as
+    ``TensorBase.gt``: each is recorded as the ``operator`` function fx's proxies record."""
+    model, x = Comparisons(), torch.randn(3, 3, dtype=torch.float64)
+    recorded, traced = trace(model, [x], ["x"], live=True), trace(model, [x], ["x"])
+    torch.testing.assert_close(recorded.graph(x)[0], model(x), rtol=0, atol=0)
+    assert _ops(_merged(recorded.graph)) == _ops(_merged(traced.graph))
 
 
 class _Straight(torch.autograd.Function):

@@ -45,9 +45,12 @@ _UNANNOTATED_ALIASES_OF_ANY = frozenset(("unsafe_split", "unsafe_split_with_size
 
 @lru_cache(maxsize=None)
 def _overloads(name: str) -> tuple[torch._ops.OpOverload, ...]:
-    """The overloads of ATen op ``name`` (none for a name ATen does not have)."""
+    """The overloads of ATen op ``name`` (none for a name ATen does not have: also none for the namespace
+    object's own attributes, such as ``__eq__``, which a tensor method of that name reaches)."""
     packet = getattr(torch.ops.aten, name, None) if name.isidentifier() else None
-    return () if packet is None else tuple(getattr(packet, overload) for overload in packet.overloads())
+    if not isinstance(packet, torch._ops.OpOverloadPacket):
+        return ()
+    return tuple(getattr(packet, overload) for overload in packet.overloads())
 
 
 def _schemas(name: str) -> tuple[torch._C.FunctionSchema, ...]:
