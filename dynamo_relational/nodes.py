@@ -34,10 +34,10 @@ def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict,
              type_expr: Any = None) -> fx.Node:
     """``graph.create_node`` for a trace's static shapes, about three times faster: no pytree walk over the
     arguments looking for SymInts, and fx's unique name (``add``, ``add_1``, ...) found without its regex
-    where the name asked for is a plain identifier, its parse cached. The node is the one
-    ``graph.create_node`` makes: named, inserted at the insert point and in the graph's table by op and
-    target, the owning module's node hooks called (it reads fx's internals for that: ``tests/test_nodes.py``
-    compares the two)."""
+    where the name asked for is a plain identifier, its parse cached, and the node made past ``fx.Node``'s
+    Python ``__init__``. The node is the one ``graph.create_node`` makes: named, inserted at the insert point
+    and in the graph's table by op and target, the owning module's node hooks called (it reads fx's internals
+    for that: ``tests/test_nodes.py`` compares the two)."""
     candidate = _node_name(graph, target) if name is None else name
     parsed = _PARSED.get(candidate)
     if parsed is None:
@@ -60,9 +60,9 @@ def new_node(graph: fx.Graph, kind: str, target: Any, args: tuple, kwargs: dict,
         candidate = f"{base}_{num}"
     used.add(candidate)
     namespace._base_count[base] = num
-    if kind == "call_function" and not callable(target) or kind not in _LEGAL_OPS:
+    if not (callable(target) if kind == "call_function" else kind in _LEGAL_OPS and isinstance(target, str)):
         return fx.Node(graph, candidate, kind, target, args, kwargs, type_expr)   # (fx's error)
-    node = _new(_Node)   # (what fx.Node.__init__ does past its checks of op and target)
+    node = _new(_Node)   # (what fx.Node.__init__ does past those checks of op and target)
     _init_base(node, graph, candidate, kind, target, type_expr)
     node._update_args_kwargs(args, kwargs)
     hooks = getattr(graph._owning_module, "_create_node_hooks", None)
