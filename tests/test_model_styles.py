@@ -221,3 +221,28 @@ def test_rows_read_by_the_items_of_an_index_tensor_group_as_rows_read_by_ints():
     report = report_matching_eager("fast", RowsByConstantIndex().double(), torch.randn(8, 3, dtype=torch.float64))
     assert not report.ungrouped, report.ungrouped
     assert report.nodes_after < report.nodes_before / 2
+
+
+class DetachedFloorDivision(torch.nn.Module):
+    """``abs`` of a value and of its detached copy, then ``//`` (no derivative) of the detached one."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, x):
+        out = []
+        for v in range(x.shape[0]):
+            h = self.lin(x[v])
+            out.append(h.abs() + 3 // (h.detach().abs() + 1))
+        return torch.stack(out)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
+    "grouping puts the abs of the detached rows and of the others in one group, whose result requires gradients: "
+    "the floor division of its detached rows then has an autograd node, which raises 'derivative for "
+    "aten::floor_divide is not implemented' in the backward (eager's has none)"))
+@pytest.mark.parametrize("front_end", ["fast", "backend"])
+def test_an_op_without_a_derivative_on_detached_rows_grouped_with_others(front_end):
+    report_matching_eager(front_end, DetachedFloorDivision(), torch.randn(4, 3, dtype=torch.float64))
+
