@@ -6,7 +6,11 @@ vectorized node. The signature is the op's key (target, constant arguments,
 operand shapes and dtypes) plus the identity of operands that are not
 themselves groupable (weights, inputs): ``W1 @ h`` and ``W2 @ h`` stay apart,
 each becoming one ``mm``, unless more than ``max_typed_groups`` weights share a
-key, when the weights are gathered instead.
+key, when the weights are gathered instead. Values computed from a detached
+value without autograd history stay apart from the others too: a group's result
+has the history where one member's has, and an op without a derivative (``//``)
+on the rows of a member without it would raise in the backward, where eager's has
+no autograd node.
 
 Two schedules (ASAP levels and DyNet's agenda) and, for a union of samples
 (``dynamo_relational.batch``), a third (an agenda that runs the signature with
@@ -30,9 +34,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import torch
 import torch.fx as fx
 
-from dynamo_relational.ops import NeuronOp, describe
+from dynamo_relational.ops import NeuronOp, describe, tensor_info
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
 from dynamo_relational.ops.facts import is_factory
 
@@ -115,6 +120,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     # Signatures as small ints (equal keys, equal ints): the schedules hash each of them several
     # times, and a key is a deep tuple.
     keys = _signature_ids(ops, units, opts.max_typed_groups)
+    keys = _split_by_detached(keys, units, gm.graph)
     if union:   # a union's outputs each gather the samples' results into one value: two grouped together would
         # be one row each of a group, a row holding every sample's results, which no batch can restrict
         fresh = max((k for k in keys if k is not None), default=-1) + 1
@@ -210,6 +216,46 @@ def _signature_ids(ops: list, units: list, max_typed: int) -> list:
             if op is not None and base_ids[i] in crowded:
                 ids[i] = typed.setdefault(("any weights", base_ids[i]), len(typed))
     return ids
+
+
+def _split_by_detached(keys: list, units: list, graph: fx.Graph) -> list:
+    """``keys`` refined by whether each unit's value is computed from a detached one (``h.detach()``, or a
+    value of a ``no_grad`` block, which ``mode_regions`` detaches) and has no autograd history: a group's
+    result has the history where one member's has, and an op without a derivative (``//``) on the rows of a
+    member without it would raise in the backward, where eager's has no autograd node."""
+    if not (graph.find_nodes(op="call_method", target="detach")
+            or any(graph.find_nodes(op="call_function", target=t) for t in _DETACH_FUNCTIONS)):
+        return keys   # (most graphs: no value is detached)
+    history: set[fx.Node] = set()
+    detached: set[fx.Node] = set()
+    for node in graph.nodes:
+        info = tensor_info(node)
+        if info is None or not (info.dtype.is_floating_point or info.dtype.is_complex):
+            continue
+        if node.op == "placeholder" or node.op == "get_attr":
+            value = node.meta.get("example_value", node.meta.get("val"))
+            if not isinstance(value, torch.Tensor) or value.requires_grad:
+                history.add(node)
+            continue
+        if _detaches(node):
+            detached.add(node)
+            continue
+        inputs = node.all_input_nodes
+        if any(a in history for a in inputs):
+            history.add(node)
+        elif any(a in detached for a in inputs):
+            detached.add(node)
+    if not detached:
+        return keys
+    ids: dict = {}
+    return [None if k is None else ids.setdefault((k, u in detached), len(ids)) for k, u in zip(keys, units)]
+
+
+_DETACH_FUNCTIONS = (torch.detach, torch.ops.aten.detach.default)
+
+
+def _detaches(node: fx.Node) -> bool:
+    return node.target == "detach" if node.op == "call_method" else node.target in _DETACH_FUNCTIONS
 
 
 def _with_code_sites(keys: list, units: list) -> list:

@@ -238,11 +238,10 @@ class DetachedFloorDivision(torch.nn.Module):
         return torch.stack(out)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "grouping puts the abs of the detached rows and of the others in one group, whose result requires gradients: "
-    "the floor division of its detached rows then has an autograd node, which raises 'derivative for "
-    "aten::floor_divide is not implemented' in the backward (eager's has none)"))
 @pytest.mark.parametrize("front_end", ["fast", "backend"])
-def test_an_op_without_a_derivative_on_detached_rows_grouped_with_others(front_end):
-    report_matching_eager(front_end, DetachedFloorDivision(), torch.randn(4, 3, dtype=torch.float64))
-
+def test_detached_values_are_grouped_apart_from_values_with_gradients(front_end):
+    """Grouped together, the abs of the detached rows would have the group's autograd history, and the floor
+    division of them an autograd node, which raises 'derivative for aten::floor_divide is not implemented' in the
+    backward (eager's has none)."""
+    report = report_matching_eager(front_end, DetachedFloorDivision(), torch.randn(4, 3, dtype=torch.float64))
+    assert not report.ungrouped, report.ungrouped
