@@ -9,7 +9,8 @@ through them cost 5-14% more on the per-sample examples). Its graph is the trace
 ``operator`` targets for the tensor operators (``a + b`` reaches the mode as ``TensorBase.add``), a
 ``getitem`` node per result of an op returning several tensors (and per row of a tensor iterated over),
 ``get_attr`` nodes for the model's parameters and buffers and for the other tensors ops read (constants),
-in-place ops on traced values and on the model's tensors, random ops, the innermost user frame of each
+in-place ops on traced values (later reads of the written tensor read the write, as fx's proxies read
+``h = F.relu(h, inplace=True)``) and on the model's tensors, random ops, the innermost user frame of each
 node, and ``torch._C._set_grad_enabled`` where ``no_grad`` blocks begin and end. Equal calls of a pure op
 (``cse``'s rule) but an addition on equal operands between two writes are one node, as ``cse`` would
 leave them.
@@ -148,8 +149,12 @@ class Recording(TorchFunctionMode):
         out = self._call(node, static, func, args, kwargs)
         if self.unusable is None:
             if written:
-                node.meta["rel_info"] = info = value_info(out)   # (later reads of the operand read its node)
+                node.meta["rel_info"] = info = value_info(out)
                 self._note_number(info)
+                if args and out is args[0] and id(out) not in self._model_names:
+                    # h = F.relu(h, inplace=True): later reads of h read the write, as fx's proxies do (the
+                    # write into a fresh value then becomes a pure op); the model's tensors stay get_attr reads
+                    self._nodes[id(out)] = node
             else:
                 self._record_value(node, out)
                 if key is not None and type(out) is _Tensor:

@@ -786,3 +786,37 @@ def test_options_disable_passes_and_a_failing_optimizer_pass_leaves_the_union_as
     with warnings_logged() as logged:
         assert_batches_match_eager(batched, model, data[::-1])
     assert any("pair_sums failed" in message for message in logged)
+
+
+class _InPlaceActivations(nn.Module):
+    """Per-node activations written in place, as much per-node code is: ``nn.ReLU(inplace=True)``,
+    ``F.relu(h, inplace=True)``, ``k.tanh_()`` without rebinding ``k``, two writes in a row; ``view`` also
+    reads a view taken before the last write (which sees it)."""
+
+    def __init__(self, view: bool = False):
+        super().__init__()
+        self.lin, self.act, self.view = nn.Linear(3, 3, dtype=torch.float64), nn.ReLU(inplace=True), view
+
+    def forward(self, x):
+        out = []
+        for v in range(x.shape[0]):
+            h = self.act(self.lin(x[v]))
+            g = torch.nn.functional.relu(self.lin(h), inplace=True)
+            k = (g * 2).add_(1)
+            first = k[:2] if self.view else None
+            k.tanh_()
+            out.append(h + k + (first.sum() if first is not None else 0))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("view", [False, True], ids=["fresh", "view read after the write"])
+def test_activations_written_in_place_group_in_a_union(view):
+    """A write into a value that nothing else reads becomes a pure op, so the samples group (the recording
+    reads the written tensor through the write, as fx's proxies do); a view read after the write keeps the
+    sample's order, and its samples run one by one."""
+    model = _InPlaceActivations(view)
+    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, samples, through_union=False)
+    assert_batches_match_eager(batched, model, samples[::-1], through_union=not view)
+    assert batched.report.groupings == (0 if view else 1)
