@@ -639,6 +639,11 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if not keeps:
             raise Refused(f"{_describe(node)}: a product that contracts or broadcasts the rows of samples")
         return first
+    if node.op == "call_function" and target in (F.layer_norm, torch.layer_norm):
+        shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
+        if operands != [args[0]] or not isinstance(shape, (tuple, list)) or len(shape) >= rank:
+            raise Refused(f"{_describe(node)}: a layer norm of rows needs shared weights and dims after the first")
+        return first   # each row normalized over its own elements
     if node.op == "call_function" and target is F.embedding:
         if operands != [args[0]]:
             raise Refused(f"{_describe(node)}: an embedding of rows needs a shared table")

@@ -820,3 +820,28 @@ def test_activations_written_in_place_group_in_a_union(view):
     assert_batches_match_eager(batched, model, samples, through_union=False)
     assert_batches_match_eager(batched, model, samples[::-1], through_union=not view)
     assert batched.report.groupings == (0 if view else 1)
+
+
+class _NormedNodes(nn.Module):
+    """``nn.LayerNorm`` per node; ``whole`` also normalizes the stack of all nodes' states (across rows)."""
+
+    def __init__(self, whole: bool = False):
+        super().__init__()
+        self.lin, self.norm = nn.Linear(3, 3, dtype=torch.float64), nn.LayerNorm(3, dtype=torch.float64)
+        self.whole = whole
+
+    def forward(self, x):
+        h = torch.stack([torch.tanh(self.norm(self.lin(x[v]))) for v in range(x.shape[0])])
+        return torch.nn.functional.layer_norm(h, h.shape) if self.whole else h
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["per node", "across rows"])
+def test_a_layer_norm_of_each_row_is_restricted_to_a_batch(whole):
+    """Each row normalized over its own elements keeps the samples' rows; a norm across the rows of a sample's
+    stack would mix them: its samples run one by one."""
+    model = _NormedNodes(whole)
+    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, samples, through_union=False)
+    assert_batches_match_eager(batched, model, samples[::-1], through_union=not whole)
+    assert (batched.report.unbatched > 0) == whole, batched.report.unbatched_reason
