@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import report_matching_eager
+import dynamo_relational
+from tests.helpers import assert_batches_match_eager, report_matching_eager
 
 
 class NewTensors(nn.Module):
@@ -18,7 +19,8 @@ class NewTensors(nn.Module):
             half = x.new_full((1, x.shape[1]), 0.5)
             count = x.new_ones(1, x.shape[1], dtype=torch.int32)   # its own dtype wins
             blank = x.new(1, x.shape[1]).fill_(2.)                  # new_full, made so by the in-place pass
-            out.append((x[v] + zero + one) * half + count + blank + x.new_empty(1, x.shape[1]).zero_())
+            data = x.new_tensor([[1, 2, 3]])                        # x's dtype, not the ints'
+            out.append((x[v] + zero + one) * half + count + blank + x.new_empty(1, x.shape[1]).zero_() + data)
         return torch.cat(out)
 
 
@@ -26,5 +28,14 @@ class NewTensors(nn.Module):
 def test_new_factories_read_no_value_and_match_eager(front_end):
     torch.manual_seed(0)
     report = report_matching_eager(front_end, NewTensors(), torch.randn(4, 3, dtype=torch.float64), inductor=False)
-    assert report.stats["plain_factories"] >= 4 * 4
+    assert report.stats["plain_factories"] >= 5 * 4
     assert not report.ungrouped, report.ungrouped
+
+
+def test_a_sample_making_a_tensor_with_new_tensor_batches():
+    """``x.new_tensor(data)`` read all of ``x``, a sample's input, which a union cannot split into rows."""
+    model = NewTensors()
+    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, samples, through_union=False)
+    assert_batches_match_eager(batched, model, samples[::-1])
