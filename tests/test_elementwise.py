@@ -121,6 +121,30 @@ def test_masked_fill_with_a_tensor_value_per_neuron_is_left_ungrouped_and_right(
     assert "masked_fill with a tensor value" in report.ungrouped
 
 
+class WhereWithA0dTensor(nn.Module):
+    """``torch.where(mask, h, torch.zeros(()))``: the 0-d tensor has ``h``'s dtype, and the condition takes no
+    part in type promotion; ``mixed`` makes the 0-d tensor another dtype, which promotion sees."""
+
+    def __init__(self, mixed: bool = False):
+        super().__init__()
+        self.lin, self.mixed = nn.Linear(WIDTH, WIDTH, dtype=torch.float64), mixed
+
+    def forward(self, x):
+        fill = torch.tensor(0.5, dtype=torch.float32 if self.mixed else torch.float64)
+        out = []
+        for v in range(ROWS):
+            h = self.lin(x[v])
+            out.append(torch.where(h > 0, h, fill) + h.where(h < 1, torch.zeros((), dtype=torch.float64)))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("front_end", ["fast", "backend"])
+@pytest.mark.parametrize("mixed", [False, True], ids=["one dtype", "mixed dtypes"])
+def test_where_with_a_0d_tensor_groups_unless_promotion_sees_it(front_end, mixed):
+    report = report_matching_eager(front_end, WhereWithA0dTensor(mixed), _inputs()[0], inductor=False)
+    assert ("mixed dtypes with a 0-d operand" in report.ungrouped) == mixed, report.ungrouped
+
+
 class InPlaceActivations(nn.Module):
     """``nn.ReLU(inplace=True)`` and friends on fresh values, and dropout, per neuron."""
 

@@ -86,7 +86,8 @@ class Elementwise(OpFamily):
             if isinstance(value, fx.Node):
                 return "masked_fill with a tensor value"   # batched, the value would not be 0-d
         if len(operands) > 1 and info.rank > 0:
-            infos = [_operand_info(o) for o in operands]
+            condition = _where_condition(node)   # (a where's condition takes no part in type promotion)
+            infos = [_operand_info(o) for o in operands if o is not condition]
             if len({i.dtype for i in infos}) > 1 and any(i.rank == 0 for i in infos):
                 # 0-d tensors take part in type promotion like scalars; batched they would not.
                 return "mixed dtypes with a 0-d operand"
@@ -147,6 +148,15 @@ class Elementwise(OpFamily):
                 and any(isinstance(c, fx.Node) for c in consts):
             result = b.graph.call_method("to", (result, out.dtype))   # a float32 column: round back once
         return result
+
+
+def _where_condition(node: fx.Node) -> Any:
+    """The condition of ``torch.where(condition, x, y)`` or ``x.where(condition, y)``; None for other ops."""
+    if node.op == "call_function" and node.target is torch.where:
+        return node.args[0] if node.args else node.kwargs.get("condition")
+    if node.op == "call_method" and node.target == "where":
+        return node.args[1] if len(node.args) > 1 else node.kwargs.get("condition")
+    return None
 
 
 def _operand_info(operand: fx.Node) -> TensorInfo:
