@@ -639,6 +639,11 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if not keeps:
             raise Refused(f"{_describe(node)}: a product that contracts or broadcasts the rows of samples")
         return first
+    if node.op == "call_function" and target is torch.einsum and args and isinstance(args[0], str):
+        tensors = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+        if kwargs or not _einsum_keeps_rows(args[0], tensors, analysis.rows):
+            raise Refused(f"{_describe(node)}: an einsum that contracts or broadcasts the rows of samples")
+        return first
     if node.op == "call_function" and target in (F.layer_norm, torch.layer_norm):
         shape = args[1] if len(args) > 1 else kwargs.get("normalized_shape")
         if operands != [args[0]] or not isinstance(shape, (tuple, list)) or len(shape) >= rank:
@@ -682,6 +687,27 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
             return first   # each row repeated within itself
         raise Refused(f"{_describe(node)} repeats rows")
     raise Refused(f"{_describe(node)} is not known to compute each row from its own row")
+
+
+def _einsum_keeps_rows(equation: str, tensors: Sequence, rows: dict) -> bool:
+    """Whether ``torch.einsum(equation, *tensors)`` computes row ``i`` of its result from row ``i`` of the rows
+    values among ``tensors`` alone: their first subscript is the output's first, once each, and no other
+    operand has it (``"ij,aj->ai"``, a shared ``W`` applied to each row)."""
+    equation = equation.replace(" ", "")
+    if "..." in equation or equation.count("->") != 1:
+        return False
+    inputs, output = equation.split("->")
+    subscripts = inputs.split(",")
+    if not output or len(subscripts) != len(tensors) or output.count(output[0]) != 1:
+        return False
+    batch = output[0]
+    for letters, tensor in zip(subscripts, tensors):
+        if isinstance(tensor, fx.Node) and tensor in rows:
+            if not letters or letters[0] != batch or letters.count(batch) != 1:
+                return False
+        elif batch in letters:
+            return False
+    return any(isinstance(t, fx.Node) and t in rows for t in tensors)
 
 
 def _is_elementwise(node: fx.Node) -> bool:

@@ -845,3 +845,32 @@ def test_a_layer_norm_of_each_row_is_restricted_to_a_batch(whole):
     assert_batches_match_eager(batched, model, samples, through_union=False)
     assert_batches_match_eager(batched, model, samples[::-1], through_union=not whole)
     assert (batched.report.unbatched > 0) == whole, batched.report.unbatched_reason
+
+
+class _EinsumScores(nn.Module):
+    """Per node ``einsum``: a shared matrix applied to a row, a bilinear score of two rows; ``pairwise`` also
+    scores every pair of a sample's rows (across rows)."""
+
+    def __init__(self, pairwise: bool = False):
+        super().__init__()
+        self.W, self.pairwise = nn.Parameter(torch.randn(3, 3, dtype=torch.float64)), pairwise
+
+    def forward(self, x):
+        out = []
+        for v in range(x.shape[0]):
+            h = torch.tanh(torch.einsum("ij,j->i", self.W, x[v]))
+            out.append(h * torch.einsum("i,ij,j->", h, self.W, x[v]))
+        out = torch.stack(out)
+        return torch.einsum("ij,kj->ik", out, out).sum(1) if self.pairwise else out
+
+
+@pytest.mark.parametrize("pairwise", [False, True], ids=["per node", "across rows"])
+def test_an_einsum_of_each_row_is_restricted_to_a_batch(pairwise):
+    """An einsum whose rows operands and result share their first subscript, which no other operand has,
+    keeps the samples' rows; one that contracts across a sample's rows runs its samples one by one."""
+    model = _EinsumScores(pairwise)
+    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, samples, through_union=False)
+    assert_batches_match_eager(batched, model, samples[::-1], through_union=not pairwise)
+    assert (batched.report.unbatched > 0) == pairwise, batched.report.unbatched_reason
