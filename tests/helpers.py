@@ -318,6 +318,18 @@ def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], th
         torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
 
 
+def assert_rows_batch_as_eager(model: nn.Module, through_union: bool = True, width: int = 3):
+    """``batch(model)`` over float64 samples of ``[n, width]`` rows (n = 2, 3, 2, 4) against eager: traced
+    first (the eager calls), then, with ``through_union``, from the grouped union, else one by one with the
+    model (its reason kept). Returns the batched module."""
+    samples = [(torch.randn(n, width, dtype=torch.float64),) for n in (2, 3, 2, 4)]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, samples, through_union=False)
+    assert_batches_match_eager(batched, model, samples[::-1], through_union=through_union)
+    assert (batched.report.unbatched == 0) == through_union, batched.report.unbatched_reason
+    return batched
+
+
 class Comparisons(nn.Module):
     """Comparison operators on traced values as masks (``h == b``, ``h > 0``): tensor methods named ``__eq__``
     ... ``__ge__``, like attributes every Python object has."""

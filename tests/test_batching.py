@@ -20,7 +20,8 @@ import dynamo_relational
 from dynamo_relational import tracing_patches
 from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MODELS, TreeLSTM, TreeRNN, dataset
-from tests.helpers import BATCH_TOLERANCE, assert_batches_match_eager, traced_per_sample, warnings_logged
+from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager, traced_per_sample,
+                           warnings_logged)
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind):
@@ -814,12 +815,8 @@ def test_activations_written_in_place_group_in_a_union(view):
     """A write into a value that nothing else reads becomes a pure op, so the samples group (the recording
     reads the written tensor through the write, as fx's proxies do); a view read after the write keeps the
     sample's order, and its samples run one by one."""
-    model = _InPlaceActivations(view)
-    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, samples, through_union=False)
-    assert_batches_match_eager(batched, model, samples[::-1], through_union=not view)
-    assert batched.report.groupings == (0 if view else 1)
+    assert assert_rows_batch_as_eager(_InPlaceActivations(view), through_union=not view).report.groupings == \
+        (0 if view else 1)
 
 
 class _NormedNodes(nn.Module):
@@ -839,12 +836,7 @@ class _NormedNodes(nn.Module):
 def test_a_layer_norm_of_each_row_is_restricted_to_a_batch(whole):
     """Each row normalized over its own elements keeps the samples' rows; a norm across the rows of a sample's
     stack would mix them: its samples run one by one."""
-    model = _NormedNodes(whole)
-    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, samples, through_union=False)
-    assert_batches_match_eager(batched, model, samples[::-1], through_union=not whole)
-    assert (batched.report.unbatched > 0) == whole, batched.report.unbatched_reason
+    assert_rows_batch_as_eager(_NormedNodes(whole), through_union=not whole)
 
 
 class _EinsumScores(nn.Module):
@@ -868,9 +860,4 @@ class _EinsumScores(nn.Module):
 def test_an_einsum_of_each_row_is_restricted_to_a_batch(pairwise):
     """An einsum whose rows operands and result share their first subscript, which no other operand has,
     keeps the samples' rows; one that contracts across a sample's rows runs its samples one by one."""
-    model = _EinsumScores(pairwise)
-    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, samples, through_union=False)
-    assert_batches_match_eager(batched, model, samples[::-1], through_union=not pairwise)
-    assert (batched.report.unbatched > 0) == pairwise, batched.report.unbatched_reason
+    assert_rows_batch_as_eager(_EinsumScores(pairwise), through_union=not pairwise)

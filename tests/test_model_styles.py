@@ -7,8 +7,8 @@ from dynamo_relational.frontend import FrontendError
 
 from examples.data import graph_batch
 from examples.styles import STYLES, LinearPerType
-from tests.helpers import (Comparisons, MasksAndRemainders, assert_batches_match_eager, assert_compiled_matches_eager,
-                           assert_fast_compile_matches_eager, report_matching_eager)
+from tests.helpers import (Comparisons, MasksAndRemainders, assert_compiled_matches_eager,
+                           assert_fast_compile_matches_eager, assert_rows_batch_as_eager, report_matching_eager)
 
 
 @pytest.mark.parametrize("name", sorted(STYLES))
@@ -136,10 +136,7 @@ def test_comparison_operators_on_traced_values_match_eager(front_end, model_type
     """Recorded as fx's proxies record them (``operator.eq``, ...), so that they group in a union too."""
     model = model_type()
     if front_end == "batch":
-        samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
-        batched = dynamo_relational.batch(model, progress=False)
-        assert_batches_match_eager(batched, model, samples, through_union=False)   # traced: the eager calls
-        assert_batches_match_eager(batched, model, samples[::-1])   # the grouped union
+        assert_rows_batch_as_eager(model)
     else:
         report_matching_eager(front_end, model, torch.randn(6, 3, dtype=torch.float64))
 
