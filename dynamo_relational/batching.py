@@ -651,9 +651,9 @@ def _builtin_callable(x: Any) -> bool:
 
 
 def _tensors_anywhere(sample: tuple, by_value: Collection[str]) -> _Inputs:
-    """The tensors of ``sample`` wherever they are (through lists, tuples, mappings and the attributes of objects,
-    in :func:`fingerprint`'s order), with their paths: the inputs of a sample whose structure ``key=`` names,
-    which is not compared."""
+    """The tensors of ``sample`` wherever :func:`fingerprint` finds them, in its order (items of lists, tuples and
+    mappings, then the attributes of objects and of subclasses of lists, tuples and atoms), with their paths: the
+    inputs of a sample whose structure ``key=`` names, which is not compared."""
     inputs, seen = _Inputs(), set()
 
     def walk(value: Any, path: str, inside_object: bool) -> None:
@@ -668,15 +668,15 @@ def _tensors_anywhere(sample: tuple, by_value: Collection[str]) -> _Inputs:
             if id(value) in seen:
                 return
             seen.add(id(value))
-        if isinstance(value, (list, tuple)):
-            for i, item in enumerate(value):
-                walk(item, f"{path}[{i}]", inside_object or not plain)
-        elif isinstance(value, Mapping):
-            for k, item in value.items():
-                walk(item, f"{path}[{k!r}]", inside_object or not plain)
-        elif hasattr(value, "__dict__"):
-            for k, item in vars(value).items():
-                walk(item, f"{path}.{k}", True)
+        family = _family(kind)
+        if family is Mapping:   # (by its items alone, as fingerprint compares it)
+            parts = [(f"{path}[{k!r}]", item) for k, item in value.items()]
+        else:
+            parts = [(f"{path}[{i}]", item) for i, item in enumerate(value)] if family is list else []
+            if not plain and family is not enum.Enum and hasattr(value, "__dict__"):
+                parts += [(f"{path}.{k}", item) for k, item in vars(value).items()]
+        for where, item in parts:
+            walk(item, where, inside_object or not plain)
 
     for i, arg in enumerate(sample):
         walk(arg, f"argument {i}", False)

@@ -210,6 +210,50 @@ def test_key_names_the_structure():
                                through_union=False)
 
 
+def test_key_finds_the_tensors_the_fingerprint_finds():
+    """With ``key=``, a sample's tensors are found where the fingerprint finds them, in its order: a tensor
+    missed would be frozen into the trace, and a sample of equal key would run with the first one's values."""
+    from dynamo_relational.batching import _Inputs, _tensors_anywhere, fingerprint
+
+    class Children(list):
+        pass
+
+    class Node:
+        def __init__(self, x, children):
+            self.x, self.children = x, children
+
+    def tensors_of(sample):
+        found = _Inputs()
+        fingerprint(sample, (), found)
+        return found.tensors
+
+    t = [torch.randn(2, 3, dtype=torch.float64) for _ in range(5)]
+    listed = Children([t[0], [t[1]]])
+    listed.x = t[2]
+    samples = [(listed,), (collections.OrderedDict(a=t[0], b=(t[1], {"c": t[2]})),),
+               (Node(t[3], Children([Node(t[4], []), listed])), [t[0]])]
+    for sample in samples:
+        assert [id(x) for x in _tensors_anywhere(sample, ()).tensors] == [id(x) for x in tensors_of(sample)]
+
+    class Rows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+        def forward(self, children):
+            return torch.stack([self.lin(children.x[v]) for v in range(len(children))])
+
+    def sample(n):
+        children = Children([[]] * n)
+        children.x = torch.randn(n, 3, dtype=torch.float64)
+        return (children,)
+
+    model = Rows()
+    batched = dynamo_relational.batch(model, key=len, progress=False)
+    batched([sample(3)])
+    assert_batches_match_eager(batched, model, [sample(3), sample(3)], through_union=False)
+
+
 def test_structure_in_plain_objects_is_fingerprinted():
     class Node:
         def __init__(self, word, children=()):
