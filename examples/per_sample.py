@@ -203,6 +203,28 @@ def random_tree(nodes: int, rng: random.Random) -> list[list[int]]:
     return children
 
 
+def parse_tree(words: int, rng: random.Random) -> list[list[int]]:
+    """Children lists of a random binary parse tree over ``words`` leaves (``2 * words - 1`` nodes, each
+    inner node splits its span of words at a random point), parents numbered before their children."""
+    children: list[list[int]] = [[]]
+    spans = [(0, words, 0)]   # (first word, words, node)
+    while spans:
+        first, width, node = spans.pop()
+        if width > 1:
+            split = rng.randint(1, width - 1)
+            for start, size in ((first, split), (first + split, width - split)):
+                children[node].append(len(children))
+                spans.append((start, size, len(children)))
+                children.append([])
+    return children
+
+
+def sentence_length(rng: random.Random) -> int:
+    """A sentence length shaped like the Stanford Sentiment Treebank's: 4 to 48 words, about 19 on average
+    (a triangular distribution with its mode at 5)."""
+    return min(48, max(4, round(rng.triangular(4, 48, 5))))
+
+
 def random_molecule(atoms: int, rng: random.Random) -> list[list[int]]:
     """In-neighbour lists of a random connected molecule-like graph (a chain plus a few rings, self-loops)."""
     nbrs = [{v} for v in range(atoms)]
@@ -227,15 +249,20 @@ MODELS = {"treelstm": (TreeLSTM, random_tree), "childsum": (ChildSumTreeLSTM, ra
           "rgcn": (MoleculeRGCN, random_typed_molecule), "lrnn": (MoleculeLRNN, random_molecule)}
 
 
-def dataset(kind: str, samples: int, features: int = 8, seed: int = 0, dtype=torch.float32) -> list[tuple]:
-    """``samples`` (structure, features) pairs of 2 to 40 nodes (trees) or 5 to 30 atoms (molecules)."""
+def dataset(kind: str, samples: int, features: int = 8, seed: int = 0, dtype=torch.float32,
+            treebank: bool = False) -> list[tuple]:
+    """``samples`` (structure, features) pairs of 2 to 40 nodes (trees) or 5 to 30 atoms (molecules);
+    with ``treebank``, the trees are binary parse trees of SST-shaped sentences (:func:`parse_tree`,
+    :func:`sentence_length`)."""
     rng = random.Random(seed)
     make = MODELS[kind][1]
+    if treebank and make is not random_tree:
+        raise ValueError(f"treebank=True makes parse trees, for the tree models; {kind!r} reads molecules")
     low, high = (2, 40) if make is random_tree else (5, 30)
     generator = torch.Generator().manual_seed(seed)
     data = []
     for _ in range(samples):
-        structure = make(rng.randint(low, high), rng)
+        structure = parse_tree(sentence_length(rng), rng) if treebank else make(rng.randint(low, high), rng)
         data.append((structure, torch.randn(len(structure), features, generator=generator, dtype=dtype)))
     return data
 

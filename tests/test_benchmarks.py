@@ -224,6 +224,29 @@ def test_dynamic_benchmark_trains_batched_and_by_hand_as_eager():
     assert result["no_grad_assembly_us_per_node"] > 0 and result["report"].structures == 12   # (no new traces)
 
 
+def test_treebank_trees_are_binary_parse_trees_of_sst_shaped_sentences():
+    from examples.per_sample import dataset
+
+    data = dataset("childsum", 300, treebank=True)
+    for children, x in data:
+        words = sum(1 for c in children if not c)
+        assert 4 <= words <= 48 and len(children) == 2 * words - 1 == x.shape[0]
+        assert all(len(c) in (0, 2) and all(v < u for u in c) for v, c in enumerate(children))
+        assert sorted(u for c in children for u in c) == list(range(1, len(children)))   # one tree, rooted at 0
+    assert 15 < sum((len(c) + 1) / 2 for c, _ in data) / len(data) < 23
+    with pytest.raises(ValueError, match="molecules"):
+        dataset("gcn", 2, treebank=True)
+
+
+def test_dynamic_benchmark_trains_the_child_sum_tree_lstm_on_a_treebank():
+    from benchmarks import dynamic
+
+    [result] = dynamic.main(["--models", "childsum", "--samples", "10", "--batch", "5", "--epochs", "3",
+                             "--treebank"])
+    assert max(result["weight_diff"].values()) < 1e-5, result["weight_diff"]
+    assert result["report"].unbatched == 0 and result["report"].structures == 10
+
+
 @pytest.mark.parametrize("kind", ["treelstm", "childsum"])
 def test_level_batched_tree_lstm_equals_the_per_tree_model(kind):
     from benchmarks.dynamic import level_batched_tree_lstm
