@@ -46,6 +46,7 @@ import dataclasses
 import enum
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import chain
@@ -439,9 +440,14 @@ class BatchedModule(nn.Module):
             with gc_paused():
                 union, layout = build(graphs, self._params())
                 nodes_before = len(union.graph.nodes)
-                union, stats = _grouped(union, self.options)
+                union, stats, ungrouped = _grouped(union, self.options)
                 owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
-                plan = analyse(union, owners, len(keys))
+                try:
+                    plan = analyse(union, owners, len(keys))
+                except Refused as e:   # (a node left ungrouped computes one sample's rows: name why)
+                    raise Refused(f"{e}; " + "; ".join(f"{count} nodes left ungrouped: {reason}"
+                                                       for reason, count in ungrouped.most_common())) \
+                        if ungrouped else e
                 single = all(g.out_spec.is_leaf() and not g.constants for g in graphs)
                 grouped = _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, batch_size, single)
         except (NotBatchable, Refused) as e:
@@ -502,14 +508,15 @@ class BatchedModule(nn.Module):
         return traced[i][0] if i in traced else self.model(*samples[i])
 
 
-def _grouped(union, options: Options) -> tuple[fx.GraphModule, dict]:
-    """The union grouped by :data:`UNION_PASSES`, and the passes' stats (with the schedule's lower bound)."""
+def _grouped(union, options: Options) -> tuple[fx.GraphModule, dict, Counter]:
+    """The union grouped by :data:`UNION_PASSES`, the passes' stats (with the schedule's lower bound), and why
+    nodes were left ungrouped (reason -> number of nodes)."""
     # every group is vectorized, however small: a per-sample node left as it is could not be restricted
     ctx = PassContext(dataclasses.replace(options, min_group_size=1), detailed=True)
     union = run_passes(UNION_PASSES, union, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the union keeps its order: {ctx.keep_order[0]}")
-    return union, ctx.stats
+    return union, ctx.stats, ctx.ungrouped
 
 
 def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Tensor:

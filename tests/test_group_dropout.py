@@ -99,3 +99,72 @@ def test_without_the_option_each_dropout_keeps_its_place_and_eagers_numbers():
     got = compiled(x)
     torch.manual_seed(1)
     torch.testing.assert_close(got, model(x), **TOLERANCE[torch.float64])
+
+
+class DroppedTreeRNN(nn.Module):
+    """A TreeRNN written for one tree, with dropout on every node's state (``inner``) and on its result."""
+
+    def __init__(self, inner: bool):
+        super().__init__()
+        self.W, self.U = nn.Linear(4, 8, dtype=torch.float64), nn.Linear(8, 8, bias=False, dtype=torch.float64)
+        self.drop, self.inner = nn.Dropout(P), inner
+
+    def forward(self, children, x):
+        h = [None] * len(children)
+        for v in reversed(range(len(children))):
+            own = self.W(x[v])
+            h[v] = torch.tanh(own + self.U(sum(h[c] for c in children[v])) if children[v] else own)
+            if self.inner:
+                h[v] = self.drop(h[v])
+        return self.drop(h[0])
+
+
+def _trees(count):
+    from examples.per_sample import dataset
+    return dataset("treernn", count, features=4, dtype=torch.float64)
+
+
+def test_batch_runs_dropout_in_training_one_by_one_without_the_option_and_says_so():
+    torch.manual_seed(0)
+    data, model = _trees(8), DroppedTreeRNN(inner=True)
+    batched = dynamo_relational.batch(model, progress=False)
+    batched(data)
+    batched(data)   # (known structures: grouped)
+    assert batched.report.unbatched == 1
+    assert "option group_dropout" in batched.report.unbatched_reason
+
+
+def test_batch_groups_dropout_with_the_option_and_differentiates_each_samples_mask():
+    torch.manual_seed(0)
+    data, model = _trees(8), DroppedTreeRNN(inner=False)
+    batched = dynamo_relational.batch(model, group_dropout=True, progress=False)
+    batched(data)
+    with torch.no_grad():
+        clean = [model.eval()(*s) for s in data]   # each sample's value before its dropout
+    model.train()
+    got = batched(data)
+    assert batched.report.unbatched == 0 and batched.report.eager_samples == len(data)   # (the first call's)
+    masks = [out != 0 for out in got]
+    for out, mask, value in zip(got, masks, clean):
+        torch.testing.assert_close(out, torch.where(mask, value / (1 - P), 0.0), **TOLERANCE[torch.float64])
+    kept = torch.cat(masks).double().mean().item()
+    assert abs(1 - kept - P) < 0.25   # 64 draws: about 4 standard deviations
+    weights = [torch.randn_like(out) for out in got]
+    params = list(model.parameters())
+    got_grads = torch.autograd.grad(sum((out * w).sum() for out, w in zip(got, weights)), params)
+    replayed = [model.eval()(*s) * m / (1 - P) for s, m in zip(data, masks)]   # the same masks, in eager
+    want_grads = torch.autograd.grad(sum((out * w).sum() for out, w in zip(replayed, weights)), params)
+    torch.testing.assert_close(got_grads, want_grads, **TOLERANCE[torch.float64])
+
+
+def test_batch_groups_dropout_of_every_node_with_the_option():
+    torch.manual_seed(0)
+    data, model = _trees(8), DroppedTreeRNN(inner=True)
+    batched = dynamo_relational.batch(model, group_dropout=True, progress=False)
+    batched(data)
+    first, second = batched(data), batched(data)
+    assert batched.report.unbatched == 0 and batched.report.groupings == 1
+    assert not all(torch.equal(a, b) for a, b in zip(first, second))   # a new mask every call
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(batched(data), [model(*s) for s in data], **TOLERANCE[torch.float64])
