@@ -597,7 +597,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
     name = target if node.op == "call_method" else getattr(target, "__name__", str(target))
     info, rank = tensor_info(node), _rank(node)
     if target is operator.getitem and isinstance(args[0], fx.Node) and args[0].op == "placeholder" \
-            and not isinstance(args[1], int):
+            and not isinstance(args[1], int) and not _reads_every_row(args[1]):
         raise Refused(f"{_describe(node)}: forward uses a tensor argument as a whole; only its rows (x[v], "
                       "x[v, :k]) are batched")
     if target is torch.cat and _dim(args, kwargs, 1, 0, rank) == 0:
@@ -658,8 +658,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
             raise Refused(f"{_describe(node)}: recurrent cell weights must be shared")
         return first
     if node.op == "call_function" and target is operator.getitem:
-        index = args[1]
-        if type(index) is tuple and index and index[0] == slice(None) and not _flat_nodes(index):
+        if _reads_every_row(args[1]):
             return first
         raise Refused(f"{_describe(node)} reads single rows")
     if name in _KEEP and not _flat_nodes((args[1:], kwargs)):
@@ -710,13 +709,19 @@ def _einsum_keeps_rows(equation: str, tensors: Sequence, rows: dict) -> bool:
     return any(isinstance(t, fx.Node) and t in rows for t in tensors)
 
 
+def _reads_every_row(index: Any) -> bool:
+    """Whether ``x[index]`` reads every row of ``x`` as it is (``x[:, 2:]``): row ``i`` from row ``i``."""
+    return type(index) is tuple and bool(index) and index[0] == slice(None) and not _flat_nodes(index)
+
+
 def _is_elementwise(node: fx.Node) -> bool:
     return REGISTRY.family_of(node) is ELEMENTWISE
 
 
 def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:
-    """``x.reshape(k, c, ...)`` of rows ``x`` whose blocks of ``c`` consecutive rows belong to one sample
-    each: the rows of the ``k`` blocks (a reduction over fan-in ``c`` reads it)."""
+    """``x.reshape(k, ...)`` of rows ``x`` whose blocks of ``c`` consecutive rows belong to one sample each, a
+    block per new row: the rows of the ``k`` blocks (``reshape(k, c, ...)``, which a reduction over fan-in
+    ``c`` reads, or ``reshape(k, c * d)``, a row's parts joined along its one dimension)."""
     shape, before = node.args[1], _static_info(node.args[0])
     if type(rows) is not Rows or not isinstance(shape, tuple) or not shape or type(shape[0]) is not int \
             or shape[0] <= 0 or rows.rows % shape[0]:
@@ -730,7 +735,7 @@ def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:
         assert isinstance(size, int)   # (the tracer records sizes as ints)
         after *= size
     owner = rows.owner.reshape(shape[0], block)
-    if shape[1:2] != (block,) or after != block * per_row or not bool((owner == owner[:, :1]).all()):
+    if after != block * per_row or not bool((owner == owner[:, :1]).all()):
         raise Refused(f"{_describe(node)} merges rows of different samples")
     merged = analysis.rows_of(numpy.ascontiguousarray(owner[:, 0]))
     analysis.sizes.append((node, _shape_path(node), merged))

@@ -905,3 +905,28 @@ def test_an_einsum_of_each_row_is_restricted_to_a_batch(pairwise):
     """An einsum whose rows operands and result share their first subscript, which no other operand has,
     keeps the samples' rows; one that contracts across a sample's rows runs its samples one by one."""
     assert_rows_batch_as_eager(_EinsumScores(pairwise), through_union=not pairwise)
+
+
+class _RowParts(nn.Module):
+    """Each node's row cut into parts (slices, ``chunk``) that are joined again in another order along the
+    row's one dimension, as gated per-node code does; ``across`` also joins the rows of all nodes into one."""
+
+    def __init__(self, across: bool = False):
+        super().__init__()
+        self.lin, self.across = nn.Linear(4, 4, dtype=torch.float64), across
+
+    def forward(self, x):
+        out = []
+        for v in range(x.shape[0]):
+            h = self.lin(torch.cat([x[v][2:], x[v][:2]]))
+            a, b = h.chunk(2)
+            out.append(torch.cat([a * torch.sigmoid(b), b]))
+        return torch.cat(out).reshape(2, -1) if self.across else torch.stack(out)
+
+
+@pytest.mark.parametrize("across", [False, True], ids=["per node", "across rows"])
+def test_a_rows_parts_joined_along_its_dimension_are_restricted_to_a_batch(across):
+    """The parts of each row, joined along the row's dimension, are grouped as rows joined along dim 0 and
+    merged in blocks by a reshape: each block is one node's, so the samples' rows stay theirs; a reshape that
+    merges rows of several nodes into rows of another size (``across``) runs the samples one by one."""
+    assert_rows_batch_as_eager(_RowParts(across), width=4, through_union=not across)
