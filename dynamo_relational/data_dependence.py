@@ -84,6 +84,12 @@ def needs_check(node: fx.Node) -> bool:
         if type(index) is int or type(index) is slice and _plain_slice(index):
             return False
         return any(isinstance(a, fx.Node) for a in pytree.tree_leaves(node.args[1:]))
+    if node.target is torch.nn.functional.one_hot:
+        # with its class count given, one_hot's shape is static (its input's, and the count), whatever the
+        # classes are (a 0-dim one too: an index, not a number); its own min / max only check their range
+        classes = node.args[1] if len(node.args) > 1 else node.kwargs.get("num_classes", -1)
+        if type(classes) is int and classes >= 0:
+            return False
     return not static_target(node.op, node.target) or reads_a_number(node)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
@@ -15,7 +16,7 @@ from examples.data import graph_batch, random_forest
 from examples.gcn import ScalarGCN
 from examples.sage import ScalarSAGE
 from examples.tree_lstm import ScalarTreeLSTM
-from tests.helpers import BUILDERS, TOLERANCE, Recurrent, assert_fast_compile_matches_eager
+from tests.helpers import BUILDERS, TOLERANCE, Recurrent, assert_fast_compile_matches_eager, assert_rows_batch_as_eager
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -197,6 +198,33 @@ def test_data_dependent_code_is_a_clear_error_naming_the_line(kind):
     assert message.startswith("data-dependent control flow at ")
     assert f"{__file__}:{line} in forward" in message
     assert f"# LINE:{kind}" in message   # the source text of that line
+
+
+class OneHotOfArgmax(nn.Module):
+    """Each node's state masked by the one-hot code of its largest entry; ``classes=None`` leaves the count to
+    the values."""
+
+    def __init__(self, classes: int | None = 3):
+        super().__init__()
+        self.lin, self.classes = nn.Linear(3, 3, dtype=torch.float64), classes
+
+    def forward(self, x):
+        out = []
+        for v in range(x.shape[0]):
+            h = self.lin(x[v])
+            code = F.one_hot(h.argmax(), self.classes) if self.classes else F.one_hot(h.argmax())  # LINE:one_hot
+            out.append(code.to(h.dtype) * h)
+        return torch.stack(out)
+
+
+def test_one_hot_with_its_class_count_traces_and_without_it_is_a_clear_error():
+    """With the count given, one_hot's shape is static: the values it reads only check their range."""
+    torch.manual_seed(0)
+    assert_fast_compile_matches_eager(OneHotOfArgmax(), torch.randn(5, 3, dtype=torch.float64), inductor=False)
+    assert_rows_batch_as_eager(OneHotOfArgmax(), through_union=False)
+    with pytest.raises(FrontendError, match=r"data-dependent control flow at .*# LINE:one_hot"):
+        dynamo_relational.compile(OneHotOfArgmax(classes=None), torch.randn(5, 3, dtype=torch.float64),
+                                  inductor=False)
 
 
 def test_error_in_user_code_names_the_line():
