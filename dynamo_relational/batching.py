@@ -150,11 +150,13 @@ class _SampleCall(nn.Module):
     def __init__(self, model: nn.Module, sample: tuple, inputs: _Inputs | None = None):
         super().__init__()
         self.model = model
-        if inputs is None or not (inputs.in_objects or inputs.by_value):
+        if inputs is None or not (inputs.objects or inputs.by_value):
             self.arguments = lambda tensors: _substituted(sample, iter(tensors))
             return
-        # Tensors held by objects, or read by value: the call gets a deep copy of the sample whose inputs are the
-        # traced tensors, and whose tensors read by value are copies (structure, which each trace keeps).
+        # Objects, or tensors read by value: the call gets a deep copy of the sample whose inputs are the traced
+        # tensors, and whose tensors read by value are copies (structure, which each trace keeps). What forward
+        # stores on the sample's objects (per-node code passing a node's state to its parent as ``tree.state``)
+        # stays on the copy, as a run from the union stores nothing: the sample's structure stays as it was.
         originals, kept = inputs.tensors, {id(t): t.clone() for t in inputs.by_value.values()}
 
         def arguments(tensors: Sequence[torch.Tensor]) -> tuple:
@@ -182,20 +184,20 @@ def _substituted(value: Any, tensors) -> Any:
 @dataclass
 class _Inputs:
     """Where a sample's tensors are, found by :func:`fingerprint` when asked: each input tensor and its path,
-    whether an object holds one, and the integer tensors read by value (structure), by path."""
+    whether the sample holds objects (which forward may change), and the integer tensors read by value
+    (structure), by path."""
     tensors: list[torch.Tensor] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
-    in_objects: bool = False
+    objects: bool = False
     by_value: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def add(self, t: torch.Tensor, path: str, inside_object: bool, by_value: Collection[str]) -> bool:
+    def add(self, t: torch.Tensor, path: str, by_value: Collection[str]) -> bool:
         """Note the tensor ``t`` found at ``path``; whether it is read by value (structure), not an input."""
         if path in by_value and _is_index(t):
             self.by_value[path] = t
             return True
         self.tensors.append(t)
         self.paths.append(path)
-        self.in_objects = self.in_objects or inside_object
         return False
 
 
@@ -565,7 +567,7 @@ def fingerprint(sample: tuple, by_value: Collection[str] = (), inputs: _Inputs |
                 key.append(ints)
                 continue
         walk = walk or _Walk(found, by_value)
-        key.append(walk(arg, f"argument {i}", False))
+        key.append(walk(arg, f"argument {i}"))
     return tuple(key), found.tensors
 
 
@@ -610,7 +612,7 @@ class _Walk:
         self.inputs, self.by_value = inputs, by_value
         self.seen: dict[int, int] = {}
 
-    def __call__(self, x: Any, path: str, inside_object: bool) -> Hashable:
+    def __call__(self, x: Any, path: str) -> Hashable:
         kind = type(x)
         if kind in _ATOMS:
             return x if kind is int or kind is str else (kind, x)
@@ -618,11 +620,11 @@ class _Walk:
             found = _int_lists(x)
             if found is not None:
                 return found
-            return kind, tuple([self(item, f"{path}[{i}]", inside_object) for i, item in enumerate(x)])
+            return kind, tuple([self(item, f"{path}[{i}]") for i, item in enumerate(x)])
         if isinstance(x, torch.Tensor):
-            return _values_key(x) if self.inputs.add(x, path, inside_object, self.by_value) else _tensor_key(x)
+            return _values_key(x) if self.inputs.add(x, path, self.by_value) else _tensor_key(x)
         if kind is dict:
-            return kind, tuple([(k, self(v, f"{path}[{k!r}]", inside_object)) for k, v in x.items()])
+            return kind, tuple([(k, self(v, f"{path}[{k!r}]")) for k, v in x.items()])
         seen = self.seen
         if id(x) in seen:
             return "seen", seen[id(x)]
@@ -632,16 +634,17 @@ class _Walk:
         if isinstance(x, type):   # (a class, as objects' attributes may hold: compared by identity)
             return x
         family = _family(kind)
+        self.inputs.objects = self.inputs.objects or family is not enum.Enum
         if family is Mapping:   # (by its items alone: a mapping's attributes hold its storage, its owner)
-            return kind, tuple([(k, self(v, f"{path}[{k!r}]", True)) for k, v in x.items()])
+            return kind, tuple([(k, self(v, f"{path}[{k!r}]")) for k, v in x.items()])
         if family is list:
-            return kind, tuple([self(v, f"{path}[{i}]", True) for i, v in enumerate(x)]), self._attributes(x, path)
+            return kind, tuple([self(v, f"{path}[{i}]") for i, v in enumerate(x)]), self._attributes(x, path)
         if family is enum.Enum:   # (a member is one object, compared by identity)
             return kind, x
         if family is not None:
             return kind, family(x), self._attributes(x, path)
         if hasattr(x, "__dict__") and not isinstance(x, nn.Module) and not _builtin_callable(x):
-            return kind, tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()])
+            return kind, tuple([(k, self(v, f"{path}.{k}")) for k, v in vars(x).items()])
         if isinstance(x, numpy.ndarray):
             return "ndarray", x.dtype.str, x.shape, x.tobytes()
         if isinstance(x, numpy.generic):
@@ -649,7 +652,7 @@ class _Walk:
         raise TypeError(f"the structure at {path} ({kind.__name__}) cannot be compared by value")
 
     def _attributes(self, x: Any, path: str) -> tuple:
-        return tuple([(k, self(v, f"{path}.{k}", True)) for k, v in vars(x).items()]) if hasattr(x, "__dict__") else ()
+        return tuple([(k, self(v, f"{path}.{k}")) for k, v in vars(x).items()]) if hasattr(x, "__dict__") else ()
 
 
 def _builtin_callable(x: Any) -> bool:
@@ -663,19 +666,20 @@ def _tensors_anywhere(sample: tuple, by_value: Collection[str]) -> _Inputs:
     inputs of a sample whose structure ``key=`` names, which is not compared."""
     inputs, seen = _Inputs(), set()
 
-    def walk(value: Any, path: str, inside_object: bool) -> None:
+    def walk(value: Any, path: str) -> None:
         if isinstance(value, torch.Tensor):
-            inputs.add(value, path, inside_object, by_value)
+            inputs.add(value, path, by_value)
             return
         kind = type(value)
         if kind in _ATOMS or isinstance(value, (nn.Module, type)) or _builtin_callable(value):
             return
         plain = kind is list or kind is tuple or kind is dict
+        family = _family(kind)
         if not plain:   # (objects are walked once, where first seen, as fingerprint and _substituted do)
             if id(value) in seen:
                 return
             seen.add(id(value))
-        family = _family(kind)
+            inputs.objects = inputs.objects or family is not enum.Enum
         if family is Mapping:   # (by its items alone, as fingerprint compares it)
             parts = [(f"{path}[{k!r}]", item) for k, item in value.items()]
         else:
@@ -683,8 +687,8 @@ def _tensors_anywhere(sample: tuple, by_value: Collection[str]) -> _Inputs:
             if not plain and family is not enum.Enum and hasattr(value, "__dict__"):
                 parts += [(f"{path}.{k}", item) for k, item in vars(value).items()]
         for where, item in parts:
-            walk(item, where, inside_object or not plain)
+            walk(item, where)
 
     for i, arg in enumerate(sample):
-        walk(arg, f"argument {i}", False)
+        walk(arg, f"argument {i}")
     return inputs

@@ -6,7 +6,8 @@ Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 function whose plain form is in the neuron-op catalog (``h.relu_()``,
 ``torch.sigmoid_(h)``) into that form, and ``t.fill_(v)`` or ``t.zero_()`` of a
 new tensor ``t`` into the call that makes it filled (``x.new(1, d).fill_(0.)`` into
-``x.new_full((1, d), 0.)``). Legal when ``acc`` (``h``) is a fresh
+``x.new_full((1, d), 0.)``), and ``t.requires_grad_()`` of such a new tensor into
+the call that makes it with ``requires_grad=True``. Legal when ``acc`` (``h``) is a fresh
 temporary: produced by an arithmetic op, ``torch.zeros`` or ``torch.clone``
 (not a view, input or parameter, nor a cast, ``detach`` or dropout, which may
 return their input itself) whose only user is the in-place op, and the
@@ -116,12 +117,30 @@ def _fill_new_tensor(graph: fx.Graph, node: fx.Node) -> bool:
     return True
 
 
+def _new_leaf(graph: fx.Graph, node: fx.Node) -> bool:
+    """Make ``t.requires_grad_()`` of a new tensor ``t`` that nothing else reads (a leaf's zero state,
+    ``x.new(1, d).fill_(0.).requires_grad_()``) the call that makes ``t`` with ``requires_grad=True``: the
+    same leaf; whether it did."""
+    if node.op != "call_method" or node.target != "requires_grad_":
+        return False
+    t = node.args[0]
+    flag = node.args[1] if len(node.args) > 1 else node.kwargs.get("requires_grad", True)
+    if flag is not True or len(node.args) + len(node.kwargs) > 2 or not isinstance(t, fx.Node) \
+            or list(t.users) != [node] or not makes_tensor(t) or (t.op == "call_function" and t.kwargs.get(
+                "out") is not None) or not set(t.kwargs) <= _FULL_KWARGS | {"size", "fill_value", "memory_format"}:
+        return False
+    t.kwargs = {**t.kwargs, "requires_grad": True}
+    node.replace_all_uses_with(t)
+    graph.erase_node(node)
+    return True
+
+
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     _read_through_eval_dropouts(gm.graph)
-    for node in gm.graph.nodes:
+    for node in list(gm.graph.nodes):
         if not writes(node):
             continue
-        if _fill_new_tensor(gm.graph, node):
+        if _fill_new_tensor(gm.graph, node) or _new_leaf(gm.graph, node):
             continue
         call = _pure_call(node)
         target = node.args[0] if node.args else None

@@ -5,6 +5,7 @@ one another."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 from unittest import mock
@@ -297,14 +298,15 @@ def traced_per_sample(kind: str, samples: int, **options) -> tuple[list[tuple], 
 
 def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], through_union: bool = True) -> None:
     """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's;
-    with ``through_union``, every sample ran from the grouped union."""
+    with ``through_union``, every sample ran from the grouped union. Eager runs on a copy of the samples'
+    objects, as ``batch`` runs its traces (what forward stores on them stays on the copy)."""
     inputs = [tuple(a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
                     for a in s) for s in batch]
     unbatched = (batched.report.eager_samples, batched.report.unbatched)
     got = batched(inputs)
     if through_union:
         assert (batched.report.eager_samples, batched.report.unbatched) == unbatched, batched.report
-    want = [model(*s) for s in inputs]
+    want = [model(*copy.deepcopy(s, {id(a): a for a in s if isinstance(a, torch.Tensor)})) for s in inputs]
     assert len(got) == len(want)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
