@@ -13,12 +13,20 @@ and 3 children never share a group. This pass rewrites
   ``F.linear`` and ``@`` by a shared matrix) into that op on each part; its
   other operands must broadcast along the rows: fewer dimensions, one row, or
   ``T.repeat(k, 1)`` / ``T.expand(k, d)`` of a one-row ``T`` (read as ``T``);
+* ``S = stack(parts, 0)`` of parts of one shape (any rank: a node's scores, one
+  number per neighbour) likewise, each part one row of ``S``;
 * ``sum``, ``mean`` (and, for one-row parts, ``amax`` / ``amin``) over dim 0 of
   a ragged value into ``torch.stack(parts).sum(0)`` (of the parts' sums where
   they have several rows), which the aggregation pass makes an n-ary
-  aggregate, merged into the reader's sum where that is one.
+  aggregate, merged into the reader's sum where that is one;
+* ``softmax`` / ``log_softmax`` over dim 0 of a ragged value of one-row parts
+  (attention over a node's neighbours) into its parts ``exp(p_j - m) / z`` /
+  ``p_j - m - log(z)``, with ``m`` the parts' n-ary maximum (detached: a
+  softmax does not change with the shift, nor does its gradient) and ``z`` the
+  n-ary sum of ``exp(p_j - m)``: the same formula as eager's kernel;
+* ``S[j]`` of a stacked ragged value into its part ``j``.
 
-Only ragged values from which such a reduction is reached are rewritten; a
+Only ragged values from which such a reduction or part read is reached are rewritten; a
 value also read otherwise keeps a ``cat`` of its new parts for those readers.
 Then the parts of every node, whatever its k, are ops of one shape, and a
 node's reduction is a fan-in like ``sum(h[c] for c in children)``: groups follow
@@ -49,6 +57,7 @@ from dynamo_relational.ops.base import node_args
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
 from dynamo_relational.ops.facts import writes
 from dynamo_relational.ops.matmul import linear_args, product_operands
+from dynamo_relational.ops.along import ALONG
 from dynamo_relational.ops.reduce import REDUCE, reduced
 from dynamo_relational.ops.reshape import LAYOUT
 
@@ -62,13 +71,23 @@ _ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
 
 @dataclass
 class _Ragged:
-    """A value whose rows are ``k`` parts of one shape each, ``part`` (rows first)."""
+    """A value whose rows are ``k`` parts of one shape each, ``part`` (rows first; with ``stacked``, each part
+    is one row of the value, without its first dimension)."""
     k: int
     part: TensorInfo
+    stacked: bool = False
     #: a join's parts, in order
     joined: tuple = ()
     #: the non-ragged operands of a row-wise op -> what each part reads for it
     reads: dict = field(default_factory=dict)
+    #: for a softmax over the rows: ("softmax" or "log_softmax", its operand)
+    softmax: tuple | None = None
+
+    def one_row_parts(self) -> bool:
+        return self.stacked or self.part.shape[0] == 1
+
+    def same_layout(self, other: "_Ragged") -> bool:
+        return self.k == other.k and self.stacked == other.stacked and self.part.shape[:1] == other.part.shape[:1]
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -76,7 +95,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     if ctx.keep_order:
         return gm
     graph = gm.graph
-    joins = [n for join in _JOINS for n in graph.find_nodes(op="call_function", target=join, sort=False)]
+    joins = [n for join in (*_JOINS, torch.stack) for n in graph.find_nodes(op="call_function", target=join,
+                                                                            sort=False)]
     if not joins:
         return gm   # (every ragged value starts at a join: a graph without one has none)
     # Only the joins and the readers of ragged values can be ragged or reduce one: those are visited, in the
@@ -86,6 +106,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     heapq.heapify(pending)
     ragged: dict[fx.Node, _Ragged] = {}
     reductions: list[tuple[fx.Node, fx.Node, str, bool]] = []
+    part_reads: list[tuple[fx.Node, fx.Node, int]] = []
     visited: set[fx.Node] = set()
     while pending:
         node = heapq.heappop(pending)[1]
@@ -94,7 +115,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         visited.add(node)
         found = _join(node)
         if found is None:
-            found = _row_wise(node, ragged)
+            found = _row_wise(node, ragged) or _row_softmax(node, ragged)
         if found is not None:
             ragged[node] = found
             for user in node.users:
@@ -104,18 +125,32 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         reduction = _row_reduction(node, ragged)
         if reduction is not None:
             reductions.append((node, *reduction))
-    needed = _reaching(reductions, ragged)
+        part = _part_read(node, ragged)
+        if part is not None:
+            part_reads.append((node, *part))
+    needed = _reaching([x for _, x, _, _ in reductions] + [x for _, x, _ in part_reads], ragged)
     order = sorted(needed, key=position.__getitem__)
     parts: dict[fx.Node, list] = {}
     for node in order:   # a ragged value's operands are split before it
         parts[node] = _split(graph, node, ragged[node], parts)
+    # A reduction replaced here may be a part of a later join (a sum of sums): the later one reads its
+    # replacement (fx updates the nodes that read it; the lists of parts here are updated by ``live``).
+    replaced: dict[fx.Node, fx.Node] = {}
+
+    def live(nodes: list) -> list:
+        return [replaced.get(n, n) for n in nodes]
+
     for node, x, name, keepdim in reductions:
         if x in parts:
-            _reduce_parts(graph, node, parts[x], ragged[x], name, keepdim)
+            replaced[node] = _reduce_parts(graph, node, live(parts[x]), ragged[x], name, keepdim)
+    for node, x, j in part_reads:
+        node.replace_all_uses_with(live(parts[x])[j])
+        graph.erase_node(node)
     for node in reversed(order):   # readers first
         if node.users and not ragged[node].joined:   # read elsewhere too: rows joined again for them
             with graph.inserting_after(node):
-                joined = new_node(graph, "call_function", torch.cat, (parts[node], 0), {})
+                join = torch.stack if ragged[node].stacked else torch.cat
+                joined = new_node(graph, "call_function", join, (live(parts[node]), 0), {})
             joined.meta.update(node.meta)   # (in place: setting a node's attribute updates the graph's tables)
             node.replace_all_uses_with(joined)
         if not node.users:
@@ -123,14 +158,17 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         for copy in ragged[node].reads:
             if not copy.users and _broadcast_copy(copy) is not None:
                 graph.erase_node(copy)   # a repeat / expand whose one-row source the parts read instead
-    ctx.stats["ragged_reductions"] = sum(1 for _, x, _, _ in reductions if x in parts)
+    ctx.stats["ragged_reductions"] = sum(1 for _, x, _, _ in reductions if x in parts) + sum(
+        1 for x in parts if ragged[x].softmax is not None)
     return gm
 
 
 def _join(node: fx.Node) -> _Ragged | None:
-    """``cat(parts, 0)`` of parts of two or more dimensions that share one shape, dtype and device."""
+    """``cat(parts, 0)`` of parts of two or more dimensions, or ``stack(parts, 0)`` of parts of any, that share
+    one shape, dtype and device."""
+    stacked = node.op == "call_function" and node.target is torch.stack
     try:
-        dim_name = _JOINS.get(node.target) if node.op == "call_function" else None
+        dim_name = "dim" if stacked else _JOINS.get(node.target) if node.op == "call_function" else None
     except TypeError:   # unhashable target
         return None
     args = node_args(node, ("tensors", dim_name)) if dim_name else None
@@ -139,8 +177,11 @@ def _join(node: fx.Node) -> _Ragged | None:
         return None
     part = tensor_info(parts[0])
     dim = args.get(dim_name, 0)
-    if part is None or part.rank < 2 or part.shape[0] == 0 or type(dim) is not int or dim % part.rank != 0 \
-            or any(tensor_info(p) is not part for p in parts):   # (infos are interned)
+    if part is None or type(dim) is not int or any(tensor_info(p) is not part for p in parts):   # (interned)
+        return None
+    if stacked:
+        return _Ragged(len(parts), part, stacked=True, joined=tuple(parts)) if dim % (part.rank + 1) == 0 else None
+    if part.rank < 2 or part.shape[0] == 0 or dim % part.rank != 0:
         return None
     return _Ragged(len(parts), part, joined=tuple(parts))
 
@@ -149,7 +190,7 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
     """The ragged value ``node`` makes, if it is a row-wise op of ragged operands of one layout (k parts
     of the same number of rows) and of operands that broadcast along the rows."""
     info = tensor_info(node)
-    if info is None or info.rank < 2 or writes(node):
+    if info is None or info.rank < 1 or writes(node):
         return None
     linear, product = linear_args(node), product_operands(node)
     broadcast: list = []
@@ -163,28 +204,67 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
         broadcast = [a for a in operands if a not in ragged]
     else:
         return None
-    if not rowed or any(a not in ragged for a in rowed) or any(a in ragged for a in matrix) \
-            or (matrix and (tensor_info(matrix[0]) or info).rank != 2):
+    if not rowed or any(a not in ragged for a in rowed) or any(a in ragged for a in matrix):
         return None
+    if matrix:   # a map of each row: a matrix needs a row dimension besides the one it maps, a vector (rows @ a)
+        # one in the rows it maps
+        rank = (tensor_info(matrix[0]) or info).rank
+        if not (rank == 2 and info.rank >= 2 or rank == 1 and product is not None and info.rank >= 1):
+            return None
+    contracted = 1 if matrix and (tensor_info(matrix[0]) or info).rank == 1 else 0   # (rows @ a: a dim less)
     first = ragged[rowed[0]]
-    rows = first.part.shape[0]
-    if any(ragged[a].k != first.k or ragged[a].part.shape[0] != rows or ragged[a].part.rank != info.rank
-           for a in rowed) or info.shape[0] != first.k * rows:
+    stacked = first.stacked
+    rows = 1 if stacked else first.part.shape[0]
+    if any(not ragged[a].same_layout(first) or ragged[a].part.rank + stacked - contracted != info.rank
+           for a in rowed) \
+            or info.shape[0] != first.k * rows or (not stacked and info.rank < 2):
         return None
-    reads = {a: _broadcast_source(a, info) for a in broadcast}
+    reads = {a: _broadcast_source(a, info, stacked) for a in broadcast}
     if any(source is None for source in reads.values()):
         return None
-    return _Ragged(first.k, TensorInfo((rows, *info.shape[1:]), info.dtype, info.device), reads=reads)
+    part = info.shape[1:] if stacked else (rows, *info.shape[1:])
+    return _Ragged(first.k, TensorInfo(part, info.dtype, info.device), stacked=stacked, reads=reads)
 
 
-def _broadcast_source(operand: fx.Node, info: TensorInfo) -> fx.Node | None:
+def _row_softmax(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
+    """The ragged value ``node`` makes, if it is a softmax or log_softmax over the rows (dim 0) of a ragged
+    floating value of one-row parts, in that value's dtype."""
+    if REGISTRY.family_of(node) is not ALONG:
+        return None
+    op = ALONG.describe(node)
+    if not isinstance(op, NeuronOp) or op.template[0] not in ("softmax", "log_softmax") or op.template[1] != 0 \
+            or op.template[2].get("dtype") is not None:
+        return None
+    x = op.operands[0]
+    value = ragged.get(x)
+    if value is None or not value.one_row_parts() or not value.part.dtype.is_floating_point:
+        return None
+    return _Ragged(value.k, value.part, stacked=value.stacked, softmax=(op.template[0], x))
+
+
+def _part_read(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.Node, int] | None:
+    """``(x, j)`` if ``node`` is ``x[j]`` of a stacked ragged ``x``: its part ``j``."""
+    if node.op != "call_function" or node.target is not operator.getitem or len(node.args) != 2:
+        return None
+    x, j = node.args
+    value = ragged.get(x)
+    if value is None or not value.stacked or type(j) is not int or not -value.k <= j < value.k:
+        return None
+    return x, j % value.k
+
+
+def _broadcast_source(operand: fx.Node, info: TensorInfo, stacked: bool = False) -> fx.Node | None:
     """What a part reads for a non-ragged ``operand`` of a row-wise op with result ``info``: the operand
     itself where it broadcasts along the rows, the one-row tensor a ``repeat`` / ``expand`` copied along
-    them, or None."""
+    them, or None. A stacked part has no row dimension: only operands of fewer dimensions broadcast to it."""
     operand_info = tensor_info(operand)
     if operand_info is None:
         return None
-    if operand_info.rank < info.rank or operand_info.shape[0] == 1:
+    if operand_info.rank < info.rank:
+        return operand
+    if stacked:
+        return None
+    if operand_info.shape[0] == 1:
         return operand
     return _broadcast_copy(operand, info)
 
@@ -213,21 +293,25 @@ def _row_reduction(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.No
     r = reduced(node)
     if isinstance(r, str) or r.input not in ragged or r.name not in _ROW_REDUCTIONS or r.dims != (0,):
         return None
-    if r.name in ("amax", "amin") and ragged[r.input].part.shape[0] != 1:
+    if r.name in ("amax", "amin") and not ragged[r.input].one_row_parts():
         return None   # ties across parts would share the gradient otherwise than eager's
     return r.input, r.name, r.keepdim
 
 
-def _reaching(reductions, ragged: dict[fx.Node, _Ragged]) -> dict[fx.Node, None]:
-    """The ragged values a reduction reads, directly or through row-wise ops (an ordered set)."""
+def _reaching(read: list[fx.Node], ragged: dict[fx.Node, _Ragged]) -> dict[fx.Node, None]:
+    """The ragged values that reductions and part reads (of the values ``read``) read, directly or through
+    row-wise ops and softmaxes (an ordered set)."""
     needed: dict[fx.Node, None] = {}
-    pending = [x for _, x, _, _ in reductions]
+    pending = list(read)
     while pending:
         node = pending.pop()
         if node in needed:
             continue
         needed[node] = None
-        if not ragged[node].joined:
+        value = ragged[node]
+        if value.softmax is not None:
+            pending.append(value.softmax[1])
+        elif not value.joined:
             pending += [a for a in node.all_input_nodes if a in ragged]
     return needed
 
@@ -236,6 +320,8 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
     """The parts of ragged ``node``: a join's operands, or the row-wise op on each part of its operands."""
     if value.joined:
         return list(value.joined)
+    if value.softmax is not None:
+        return _softmax_parts(graph, node, value, parts[value.softmax[1]])
     meta = _meta_without_value(node)
     made = []
     with graph.inserting_before(node):
@@ -250,32 +336,57 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
     return made
 
 
-def _reduce_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, name: str, keepdim: bool) -> None:
-    """Replace ``node``, a reduction over the rows of a ragged value, by one over its ``parts``."""
+class _Maker:
+    """Nodes made in place of ``node``, with its metadata but the value's (set to each new node's ``info``)."""
+
+    def __init__(self, graph: fx.Graph, node: fx.Node):
+        self.graph, self.meta = graph, _meta_without_value(node)
+
+    def __call__(self, kind: str, target, info: TensorInfo, *args) -> fx.Node:
+        made = new_node(self.graph, kind, target, args, {})
+        made.meta.update(self.meta, rel_info=info)
+        return made
+
+    def aggregate(self, reduce: str, terms: list, row: TensorInfo) -> fx.Node:
+        """``stack(terms).<reduce>(0)`` of terms of info ``row``: an aggregate to the aggregation pass."""
+        stacked = self("call_function", torch.stack, TensorInfo((len(terms), *row.shape), row.dtype, row.device),
+                       list(terms))
+        return self("call_method", reduce, row, stacked, 0)
+
+
+def _reduce_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, name: str, keepdim: bool) -> fx.Node:
+    """Replace ``node``, a reduction over the rows of a ragged value, by one over its ``parts``; returns that."""
     part = value.part
-    row = TensorInfo((1, *part.shape[1:]), part.dtype, part.device)
-    meta = _meta_without_value(node)
-
-    def made(n: fx.Node, info: TensorInfo) -> fx.Node:
-        n.meta.update(meta, rel_info=info)
-        return n
-
-    def call(kind: str, target, *args) -> fx.Node:
-        return new_node(graph, kind, target, args, {})
-
-    rows = part.shape[0]
+    row = part if value.stacked else TensorInfo((1, *part.shape[1:]), part.dtype, part.device)
+    make = _Maker(graph, node)
+    rows = 1 if value.stacked else part.shape[0]
     reduce = "sum" if name == "mean" and rows != 1 else name
     with graph.inserting_before(node):
-        terms = parts if rows == 1 else [made(call("call_method", "sum", p, 0, True), row) for p in parts]
-        stacked = made(call("call_function", torch.stack, list(terms)), TensorInfo((len(terms), *row.shape),
-                                                                                   row.dtype, row.device))
-        total = made(call("call_method", reduce, stacked, 0), row)   # an aggregate to the aggregation pass
+        terms = parts if rows == 1 else [make("call_method", "sum", row, p, 0, True) for p in parts]
+        total = make.aggregate(reduce, terms, row)
         if reduce != name:
-            total = made(call("call_function", operator.truediv, total, value.k * rows), row)
-        if not keepdim:
-            total = made(call("call_method", "reshape", total, part.shape[1:]), tensor_info(node))
+            total = make("call_function", operator.truediv, row, total, value.k * rows)
+        if keepdim == value.stacked:   # (a stacked part lacks the row dimension, a one-row part has it)
+            total = make("call_method", "reshape", tensor_info(node), total, tensor_info(node).shape)
     node.replace_all_uses_with(total)
     graph.erase_node(node)
+    return total
+
+
+def _softmax_parts(graph: fx.Graph, node: fx.Node, value: _Ragged, scores: list) -> list:
+    """The parts of ``node``, a softmax or log_softmax over the one-row ``scores``: ``exp(s_j - m) / z`` or
+    ``s_j - m - log(z)`` (eager's formula), ``m`` the scores' detached maximum, ``z`` the sum of ``exp(s_j - m)``."""
+    op, row = value.softmax[0], value.part
+    make = _Maker(graph, node)
+    with graph.inserting_before(node):
+        top = make("call_method", "detach", row, make.aggregate("amax", scores, row))
+        shifted = [make("call_function", operator.sub, row, s, top) for s in scores]
+        exps = [make("call_function", torch.exp, row, s) for s in shifted]
+        total = make.aggregate("sum", exps, row)
+        if op == "softmax":
+            return [make("call_function", operator.truediv, row, e, total) for e in exps]
+        log_total = make("call_function", torch.log, row, total)
+        return [make("call_function", operator.sub, row, s, log_total) for s in shifted]
 
 
 def _meta_without_value(node: fx.Node) -> dict:

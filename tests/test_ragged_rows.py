@@ -4,11 +4,12 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
 from examples.per_sample import ChildSumTreeLSTM, Forest
-from tests.helpers import assert_fast_compile_matches_eager, report_matching_eager
+from tests.helpers import assert_fast_compile_matches_eager, assert_rows_batch_as_eager, report_matching_eager
 
 FEATURES, HIDDEN = 3, 4
 
@@ -169,3 +170,64 @@ def test_random_row_programs_match_eager(seed):
     x = torch.randn(ROWS + 1, HIDDEN, dtype=torch.float64)   # (two rows from the last neighbour)
     compiled = assert_fast_compile_matches_eager(RandomRowProgram(seed), x, inductor=False)
     assert compiled.report.graphs[0].stats["ragged_reductions"] == ROWS
+
+
+class NeighbourAttention(nn.Module):
+    """Attention over each node's neighbours as per-node code writes it (graph attention): a score per
+    neighbour, stacked (or, with ``product``, the pairs of states stacked and scored by one product), a softmax
+    over them, each neighbour's state weighted by its part; node ``v`` has ``degree(v)`` neighbours."""
+
+    def __init__(self, degree, log: bool = False, product: bool = False):
+        super().__init__()
+        self.degree, self.log, self.product = degree, log, product
+        self.W = nn.Linear(HIDDEN, HIDDEN, bias=False, dtype=torch.float64)
+        self.a = nn.Parameter(torch.randn(2 * HIDDEN, dtype=torch.float64))
+
+    def forward(self, x):
+        n = x.shape[0]
+        h = [self.W(x[v]) for v in range(n)]
+        out = []
+        for v in range(n):
+            nbrs = [(v + d) % n for d in range(self.degree(v))]
+            if self.product:   # the pairs stacked, then one product
+                scores = F.leaky_relu(torch.stack([torch.cat([h[v], h[u]]) for u in nbrs]) @ self.a, 0.2)
+            else:
+                scores = torch.stack([F.leaky_relu(self.a @ torch.cat([h[v], h[u]]), 0.2) for u in nbrs])
+            alpha = torch.log_softmax(scores, 0).exp() if self.log else torch.softmax(scores, dim=0)
+            out.append(torch.relu(sum(alpha[i] * h[u] for i, u in enumerate(nbrs))))
+        return torch.stack(out)
+
+
+@pytest.mark.parametrize("log, product", [(False, False), (True, False), (False, True)],
+                         ids=["softmax", "log_softmax", "stacked pairs @ a"])
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_attention_over_neighbours_groups_as_many_neighbours_as_a_fixed_degree(front_end, log, product):
+    """The softmax over a node's stacked scores becomes the n-ary max and sum of its parts: the groups no
+    longer follow the degrees."""
+    torch.manual_seed(0)
+    x = torch.randn(24, HIDDEN, dtype=torch.float64)
+    mixed = report_matching_eager(front_end, NeighbourAttention(lambda v: v % 4 + 1, log, product), x,
+                                  inductor=False)
+    fixed = report_matching_eager(front_end, NeighbourAttention(lambda v: 2, log, product), x, inductor=False)
+    assert mixed.stats["ragged_reductions"] >= 24
+    assert mixed.groups <= fixed.groups + 1, (mixed.groups, fixed.groups)   # (degree 1: a softmax of one part)
+
+
+@pytest.mark.parametrize("product", [False, True], ids=["scores stacked", "stacked pairs @ a"])
+def test_attention_over_neighbours_batches_through_the_union(product):
+    torch.manual_seed(0)
+    assert_rows_batch_as_eager(NeighbourAttention(lambda v: v % 3 + 1, product=product), width=HIDDEN)
+
+
+@pytest.mark.parametrize("body", [
+    lambda s: torch.softmax(s, 1)[0].sum(0),                          # along another dimension
+    lambda s: torch.softmax(s, 0, dtype=torch.float32)[1].sum(0),     # in another dtype
+    lambda s: torch.softmax(s.reshape(-1), 0)[2],                     # of a reshaped value
+])
+def test_a_softmax_the_pass_cannot_split_keeps_the_stack(body):
+    class Stacked(nn.Module):
+        def forward(self, x):
+            return body(torch.stack([x[0] * 2, x[1], x[2] + 1]))
+
+    compiled = assert_fast_compile_matches_eager(Stacked(), torch.randn(3, 2, dtype=torch.float64), inductor=False)
+    assert compiled.report.graphs[0].stats["ragged_reductions"] == 0
