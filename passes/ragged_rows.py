@@ -24,7 +24,10 @@ and 3 children never share a group. This pass rewrites
   ``p_j - m - log(z)``, with ``m`` the parts' n-ary maximum (detached: a
   softmax does not change with the shift, nor does its gradient) and ``z`` the
   n-ary sum of ``exp(p_j - m)``: the same formula as eager's kernel;
-* ``S[j]`` of a stacked ragged value into its part ``j``.
+* ``S[j]`` of a stacked ragged value into its part ``j``;
+* ``rows @ a`` by a shared vector, and the layout ops within rows: ``x.unsqueeze(d)``,
+  ``x[:, None]`` and ``cat([x, T.expand(k, ...)], d)`` (d > 0; a copy of one
+  part read as that part) likewise into the op on each part.
 
 Only ragged values from which such a reduction or part read is reached are rewritten; a
 value also read otherwise keeps a ``cat`` of its new parts for those readers.
@@ -54,10 +57,10 @@ import torch.fx as fx
 from dynamo_relational.nodes import new_node
 from dynamo_relational.ops import REGISTRY, NeuronOp, TensorInfo, tensor_info
 from dynamo_relational.ops.base import node_args
+from dynamo_relational.ops.along import ALONG
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
 from dynamo_relational.ops.facts import writes
 from dynamo_relational.ops.matmul import linear_args, product_operands
-from dynamo_relational.ops.along import ALONG
 from dynamo_relational.ops.reduce import REDUCE, reduced
 from dynamo_relational.ops.reshape import LAYOUT
 
@@ -82,12 +85,16 @@ class _Ragged:
     reads: dict = field(default_factory=dict)
     #: for a softmax over the rows: ("softmax" or "log_softmax", its operand)
     softmax: tuple | None = None
+    #: the call on each part where it is not the node's own: (op, target, args) (a dimension counted without the
+    #: rows' in a stacked part, a new axis as a reshape)
+    call: tuple | None = None
 
     def one_row_parts(self) -> bool:
         return self.stacked or self.part.shape[0] == 1
 
     def same_layout(self, other: "_Ragged") -> bool:
-        return self.k == other.k and self.stacked == other.stacked and self.part.shape[:1] == other.part.shape[:1]
+        return self.k == other.k and self.stacked == other.stacked and (
+            self.stacked or self.part.shape[:1] == other.part.shape[:1])   # (as many rows per part)
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -115,7 +122,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         visited.add(node)
         found = _join(node)
         if found is None:
-            found = _row_wise(node, ragged) or _row_softmax(node, ragged)
+            found = _row_wise(node, ragged) or _row_layout(node, ragged) or _row_softmax(node, ragged)
         if found is not None:
             ragged[node] = found
             for user in node.users:
@@ -226,6 +233,53 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
     return _Ragged(first.k, TensorInfo(part, info.dtype, info.device), stacked=stacked, reads=reads)
 
 
+def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
+    """The ragged value ``node`` makes, if it changes the layout within the rows of a ragged value: ``x.unsqueeze(d)``
+    and ``x[:, None]`` (``d`` > 0), or ``cat([x, ...], d)`` of ragged values of one layout and of copies of one
+    part along the rows (``T.expand(k, ...)``: each part reads ``T``)."""
+    info = tensor_info(node)
+    if info is None or node.kwargs or len(node.args) != 2 or node.op not in ("call_function", "call_method"):
+        return None
+    target, (x, where) = node.target, node.args
+    if target == "unsqueeze" or target is torch.unsqueeze:
+        if x not in ragged or type(where) is not int or where % info.rank == 0:
+            return None
+        call = (node.op, target, (x, where % info.rank - 1))
+    elif target is operator.getitem:   # x[:, None]: new axes alone, each part reshaped to its new shape
+        if x not in ragged or type(where) is not tuple or not where or where[0] != slice(None) \
+                or not all(i is None or i == slice(None) for i in where[1:]):
+            return None
+        value = _row_value(info, ragged[x])
+        return None if value is None else _row_value(info, ragged[x], call=("call_method", "reshape",
+                                                                           (x, value.part.shape)))
+    elif target in _JOINS and isinstance(x, (list, tuple)) and type(where) is int and where % info.rank != 0:
+        rowed = [a for a in x if a in ragged]
+        if not rowed or not all(isinstance(a, fx.Node) for a in x):
+            return None
+        layout = ragged[rowed[0]]
+        reads = {a: _broadcast_copy(a) for a in x if a not in ragged}
+        part_rank = info.rank - layout.stacked
+        if any(not ragged[a].same_layout(layout) for a in rowed) or any(
+                source is None or (tensor_info(source) or info).rank != part_rank or not layout.one_row_parts()
+                for source in reads.values()):
+            return None   # (a copy's source is the part it gives every row: of the part's rank)
+        return _row_value(info, layout, reads=reads,
+                          call=(node.op, target, (list(x), where % info.rank - layout.stacked)))
+    else:
+        return None
+    layout = ragged[x]
+    return _row_value(info, layout, call=call if layout.stacked else None)
+
+
+def _row_value(info: TensorInfo, layout: _Ragged, **fields) -> _Ragged | None:
+    """The ragged value of shape ``info`` whose parts are laid out as ``layout``'s."""
+    rows = 1 if layout.stacked else layout.part.shape[0]
+    if info.shape[0] != layout.k * rows:
+        return None
+    part = info.shape[1:] if layout.stacked else (rows, *info.shape[1:])
+    return _Ragged(layout.k, TensorInfo(part, info.dtype, info.device), stacked=layout.stacked, **fields)
+
+
 def _row_softmax(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
     """The ragged value ``node`` makes, if it is a softmax or log_softmax over the rows (dim 0) of a ragged
     floating value of one-row parts, in that value's dtype."""
@@ -328,9 +382,10 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
         for j in range(value.k):
             def operand(a, j=j):
                 return parts[a][j] if a in parts else value.reads.get(a, a)
-            args = fx.node.map_arg(node.args, operand)
+            op, target, args = (node.op, node.target, node.args) if value.call is None else value.call
+            args = fx.node.map_arg(args, operand)
             kwargs = fx.node.map_arg(node.kwargs, operand)
-            part = new_node(graph, node.op, node.target, args, kwargs)
+            part = new_node(graph, op, target, args, kwargs)
             part.meta.update(meta, rel_info=value.part)
             made.append(part)
     return made

@@ -109,7 +109,7 @@ class Joined(nn.Module):
 
 
 @pytest.mark.parametrize("body", [
-    lambda h: torch.cat([h, h], 1).sum(0),        # joined along columns
+    lambda h: torch.cat([h, h.flip(0)], 1).sum(0),   # joined along columns with rows in another order
     lambda h: h.cumsum(0).sum(0),                 # not row-wise
     lambda h: h.sum(1),                           # reduces within rows
     lambda h: (h * h.flip(0)).sum(0),             # another order of the rows
@@ -120,6 +120,17 @@ def test_what_is_not_row_wise_keeps_the_join(body):
     compiled = assert_fast_compile_matches_eager(Joined(body), torch.randn(3, 2, dtype=torch.float64),
                                                  inductor=False)
     assert compiled.report.graphs[0].stats["ragged_reductions"] == 0
+
+
+@pytest.mark.parametrize("body", [
+    lambda h: torch.cat([h, torch.sigmoid(h)], 1).sum(0),      # joined along columns
+    lambda h: (h.unsqueeze(2) * h[:, None]).sum(0),           # new axes of each row
+])
+def test_rows_joined_along_columns_or_given_new_axes_stay_row_wise(body):
+    torch.manual_seed(0)
+    compiled = assert_fast_compile_matches_eager(Joined(body), torch.randn(3, 2, dtype=torch.float64),
+                                                 inductor=False)
+    assert compiled.report.graphs[0].stats["ragged_reductions"] == 1
 
 
 def test_rows_that_draw_random_numbers_keep_the_join():
@@ -173,13 +184,16 @@ def test_random_row_programs_match_eager(seed):
 
 
 class NeighbourAttention(nn.Module):
-    """Attention over each node's neighbours as per-node code writes it (graph attention): a score per
-    neighbour, stacked (or, with ``product``, the pairs of states stacked and scored by one product), a softmax
-    over them, each neighbour's state weighted by its part; node ``v`` has ``degree(v)`` neighbours."""
+    """Attention over each node's neighbours as per-node code writes it (graph attention), in several styles:
+    ``"scores"``, a score per neighbour, stacked; ``"pairs"``, the pairs of states stacked and scored by one
+    product; ``"unsqueeze"`` and ``"new axis"``, the neighbours' states stacked, each paired with the node's own
+    (``expand``, ``cat`` along dim 1), the weights applied to the stack as ``alpha.unsqueeze(1)`` or
+    ``alpha[:, None]``. Then a softmax over them, each neighbour's state weighted by its part. Node ``v`` has
+    ``degree(v)`` neighbours."""
 
-    def __init__(self, degree, log: bool = False, product: bool = False):
+    def __init__(self, degree, style: str = "scores", log: bool = False):
         super().__init__()
-        self.degree, self.log, self.product = degree, log, product
+        self.degree, self.style, self.log = degree, style, log
         self.W = nn.Linear(HIDDEN, HIDDEN, bias=False, dtype=torch.float64)
         self.a = nn.Parameter(torch.randn(2 * HIDDEN, dtype=torch.float64))
 
@@ -189,34 +203,44 @@ class NeighbourAttention(nn.Module):
         out = []
         for v in range(n):
             nbrs = [(v + d) % n for d in range(self.degree(v))]
-            if self.product:   # the pairs stacked, then one product
+            if self.style == "scores":
+                scores = torch.stack([F.leaky_relu(self.a @ torch.cat([h[v], h[u]]), 0.2) for u in nbrs])
+            elif self.style == "pairs":
                 scores = F.leaky_relu(torch.stack([torch.cat([h[v], h[u]]) for u in nbrs]) @ self.a, 0.2)
             else:
-                scores = torch.stack([F.leaky_relu(self.a @ torch.cat([h[v], h[u]]), 0.2) for u in nbrs])
+                states = torch.stack([h[u] for u in nbrs])
+                scores = F.leaky_relu(torch.cat([h[v].expand(len(nbrs), -1), states], 1) @ self.a, 0.2)
             alpha = torch.log_softmax(scores, 0).exp() if self.log else torch.softmax(scores, dim=0)
-            out.append(torch.relu(sum(alpha[i] * h[u] for i, u in enumerate(nbrs))))
+            if self.style == "unsqueeze":
+                out.append(torch.relu((alpha.unsqueeze(1) * states).sum(0)))
+            elif self.style == "new axis":
+                out.append(torch.relu((alpha[:, None] * states).sum(0)))
+            else:
+                out.append(torch.relu(sum(alpha[i] * h[u] for i, u in enumerate(nbrs))))
         return torch.stack(out)
 
 
-@pytest.mark.parametrize("log, product", [(False, False), (True, False), (False, True)],
-                         ids=["softmax", "log_softmax", "stacked pairs @ a"])
+STYLES = ["scores", "pairs", "unsqueeze", "new axis"]
+
+
+@pytest.mark.parametrize("style, log", [*((style, False) for style in STYLES), ("scores", True)])
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
-def test_attention_over_neighbours_groups_as_many_neighbours_as_a_fixed_degree(front_end, log, product):
+def test_attention_over_neighbours_groups_as_many_neighbours_as_a_fixed_degree(front_end, style, log):
     """The softmax over a node's stacked scores becomes the n-ary max and sum of its parts: the groups no
     longer follow the degrees."""
     torch.manual_seed(0)
     x = torch.randn(24, HIDDEN, dtype=torch.float64)
-    mixed = report_matching_eager(front_end, NeighbourAttention(lambda v: v % 4 + 1, log, product), x,
+    mixed = report_matching_eager(front_end, NeighbourAttention(lambda v: v % 4 + 1, style, log), x,
                                   inductor=False)
-    fixed = report_matching_eager(front_end, NeighbourAttention(lambda v: 2, log, product), x, inductor=False)
+    fixed = report_matching_eager(front_end, NeighbourAttention(lambda v: 2, style, log), x, inductor=False)
     assert mixed.stats["ragged_reductions"] >= 24
     assert mixed.groups <= fixed.groups + 1, (mixed.groups, fixed.groups)   # (degree 1: a softmax of one part)
 
 
-@pytest.mark.parametrize("product", [False, True], ids=["scores stacked", "stacked pairs @ a"])
-def test_attention_over_neighbours_batches_through_the_union(product):
+@pytest.mark.parametrize("style", STYLES)
+def test_attention_over_neighbours_batches_through_the_union(style):
     torch.manual_seed(0)
-    assert_rows_batch_as_eager(NeighbourAttention(lambda v: v % 3 + 1, product=product), width=HIDDEN)
+    assert_rows_batch_as_eager(NeighbourAttention(lambda v: v % 3 + 1, style), width=HIDDEN)
 
 
 @pytest.mark.parametrize("body", [
