@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from dynamo_relational.ops.facts import may_alias, writes
+from dynamo_relational.ops.facts import is_forward_constant, may_alias, writes
 
 
 def returned_constants_share_memory(graph: fx.Graph, attrs: dict[str, torch.Tensor], held: set[int]) -> bool:
@@ -73,9 +73,7 @@ def changed_constant(read: list[tuple[str, torch.Tensor, int | None]], held: set
 
 def _constant_name(node: fx.Node) -> str | None:
     """The name of the constant ``node`` reads, if it is one the tracer made for a tensor built in ``forward``."""
-    target = node.target
-    return target if node.op == "get_attr" and isinstance(target, str) and target.startswith("_tensor_constant") \
-        else None
+    return node.target if is_forward_constant(node) else None   # type: ignore[return-value]
 
 
 def _viewed_base(node: fx.Node) -> fx.Node:

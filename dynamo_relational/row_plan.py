@@ -673,7 +673,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if dims is not None and 0 not in (dims if isinstance(dims, tuple) else (dims,)):
             return first
         raise Refused(f"{_describe(node)} works along dim 0, across the rows of samples")
-    if node.op == "call_method" and target in ("unsqueeze", "squeeze", "transpose", "flatten", "permute",
+    if node.op == "call_method" and target in ("unsqueeze", "squeeze", "transpose", "flatten", "permute", "movedim",
                                                "reshape", "view", "expand"):
         if _keeps_dim0(node, rank):
             if target in ("reshape", "view", "expand"):
@@ -795,6 +795,10 @@ def _keeps_dim0(node: fx.Node, rank: int) -> bool:
     if target == "permute":
         dims = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
         return bool(dims) and type(dims[0]) is int and dims[0] % _rank(args[0]) == 0
+    if target == "movedim":
+        in_rank = _rank(args[0])
+        moved = [d for a in args[1:3] for d in (a if isinstance(a, (tuple, list)) else (a,))]
+        return len(args) == 3 and all(type(d) is int and d % in_rank != 0 for d in moved)
     return False
 
 

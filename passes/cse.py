@@ -22,8 +22,8 @@ from torch.fx.immutable_collections import immutable_list
 from dynamo_relational.ops import REGISTRY
 from dynamo_relational.ops.elementwise import RANDOM_IN_TRAINING, draws_random_numbers
 
-from dynamo_relational.ops.facts import (is_factory, is_view, target_is_view, target_makes_tensor, target_writes,
-                                         writes)
+from dynamo_relational.ops.facts import (is_factory, is_forward_constant, is_view, target_is_view, target_makes_tensor,
+                                         target_writes, writes)
 
 from .context import PassContext
 
@@ -80,7 +80,7 @@ def _constant_key(gm: fx.GraphModule, node: fx.Node):
     """Equal small constants made for the graph (``torch.zeros(8)`` written once per neuron
     becomes one ``_tensor_constant`` each) merge: keyed by their exact bytes. Parameters and
     buffers of the model never do; they are named after their module."""
-    if not node.target.startswith("_tensor_constant"):
+    if not is_forward_constant(node):
         return None
     value = getattr(gm, node.target, None)
     if not isinstance(value, torch.Tensor) or value.requires_grad or value.is_sparse \

@@ -989,3 +989,41 @@ def test_tree_objects_whose_nodes_hold_their_states_batch_as_eager():
     report = batched.report
     assert report.structures == len(trees) and report.unbatched == 0 and report.groupings == 1, report
     assert not any(hasattr(tree, "state") for tree, _ in trees)   # (what forward stores stays on the copies)
+
+
+class _WordTreeRNN(nn.Module):
+    """A recursive net over a parse tree whose words are Python ints, as older per-node code writes it: a leaf's
+    vector looked up with ``emb(torch.LongTensor([word]))``, an inner node's from its children's joined along
+    dim 1; every node's projection is an output."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, dtype=torch.float64)
+        self.W, self.proj = nn.Linear(8, 4, dtype=torch.float64), nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, children, words):
+        outputs = []
+
+        def node(v):
+            if not children[v]:
+                h = self.emb(torch.LongTensor([words[v]]))
+            else:
+                h = torch.tanh(self.W(torch.cat((node(children[v][0]), node(children[v][-1])), 1)))
+            outputs.append(self.proj(h))
+            return h
+
+        node(0)
+        return torch.cat(outputs)
+
+
+def test_trees_of_words_given_as_python_ints_batch_as_eager():
+    """A sample without tensors: each trace's constants (the words' index tensors) are its own, and the union
+    reads them as constant indices (the lookups group into one gather of the table's rows)."""
+    torch.manual_seed(0)
+    trees = [(children, [(3 * v + len(children)) % 10 for v in range(len(children))])
+             for children, _ in dataset("treernn", 8)]
+    model = _WordTreeRNN()
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, trees, through_union=False)
+    assert_batches_match_eager(batched, model, trees[::-1])
+    assert batched.report.unbatched == 0 and batched.report.groupings == 1, batched.report

@@ -22,6 +22,7 @@ methods (``x.float()``), Python's operator module, and the ``*_like`` /
 from __future__ import annotations
 
 import operator
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -376,6 +377,18 @@ def is_factory(node: fx.Node) -> bool:
     return makes_tensor(node) and not uninitialized(node)
 
 
+#: the name the tracers give a tensor that ``forward`` builds from Python values alone; a union prefixes each
+#: sample's with ``_sample{s}_`` (:mod:`dynamo_relational.union`)
+_FORWARD_CONSTANT = re.compile(r"(_sample\d+_)?_tensor_constant\d+$")
+
+
+def is_forward_constant(node: Any) -> bool:
+    """Whether ``node`` reads a tensor that ``forward`` built from Python values alone (``torch.tensor([w])``),
+    recorded as a constant of the graph; a model's parameters and buffers never are."""
+    return isinstance(node, fx.Node) and node.op == "get_attr" and isinstance(node.target, str) \
+        and _FORWARD_CONSTANT.match(node.target) is not None
+
+
 def is_zeros(node: Any) -> bool:
     """A new tensor of zeros on every call (an accumulator's start): ``torch.zeros(...)``,
     ``torch.zeros_like(...)``, ``x.new_zeros(...)``, or the constant the fast front-end records for a tensor that
@@ -385,5 +398,4 @@ def is_zeros(node: Any) -> bool:
     if node.op in ("call_function", "call_method"):
         return aten_name(node.op, node.target) in ("zeros", "zeros_like", "new_zeros") and makes_tensor(node)
     value = node.meta.get("example_value")
-    return (node.op == "get_attr" and isinstance(node.target, str) and node.target.startswith("_tensor_constant")
-            and isinstance(value, torch.Tensor) and not value.any())
+    return is_forward_constant(node) and isinstance(value, torch.Tensor) and not value.any()

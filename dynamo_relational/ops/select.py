@@ -23,6 +23,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from .base import NeuronOp, OpFamily, node_args, register, tensor_info
+from .facts import is_forward_constant
 
 _FULL = slice(None, None, None)
 
@@ -127,9 +128,8 @@ def _constant_index(node) -> tuple[int, tuple] | None:
         if isinstance(value, (list, tuple)) and len(value) == 1 and type(value[0]) is int:
             return value[0], (1,)
         return None
-    if node.op == "get_attr" and isinstance(node.target, str) and node.target.startswith("_tensor_constant") \
-            and node.graph.owning_module is not None:
-        value = getattr(node.graph.owning_module, node.target, None)
+    if is_forward_constant(node) and node.graph.owning_module is not None:
+        value = getattr(node.graph.owning_module, str(node.target), None)
         if (isinstance(value, torch.Tensor) and value.dim() <= 1 and value.numel() == 1
                 and value.dtype in (torch.long, torch.int)):
             return int(value.reshape(())), tuple(value.shape)
