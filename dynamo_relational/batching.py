@@ -447,9 +447,11 @@ class BatchedModule(nn.Module):
                 try:
                     plan = analyse(union, owners, len(keys))
                 except Refused as e:   # (a node left ungrouped computes one sample's rows: name why)
-                    raise Refused(f"{e}; " + "; ".join(f"{count} nodes left ungrouped: {reason}"
-                                                       for reason, count in ungrouped.most_common())) \
-                        if ungrouped else e
+                    if not ungrouped:
+                        raise
+                    reasons = "; ".join(f"{count} nodes left ungrouped: {reason}"
+                                        for reason, count in ungrouped.most_common())
+                    raise Refused(f"{e}; {reasons}") from e
                 single = all(g.out_spec.is_leaf() and not g.constants for g in graphs)
                 grouped = _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, batch_size, single)
         except (NotBatchable, Refused) as e:

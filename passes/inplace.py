@@ -126,9 +126,8 @@ def _new_leaf(graph: fx.Graph, node: fx.Node) -> bool:
     t = node.args[0]
     flag = node.args[1] if len(node.args) > 1 else node.kwargs.get("requires_grad", True)
     if flag is not True or len(node.args) + len(node.kwargs) > 2 or not isinstance(t, fx.Node) \
-            or list(t.users) != [node] or not makes_tensor(t) or (t.op == "call_function" and t.kwargs.get(
-                "out") is not None) or not set(t.kwargs) <= _FULL_KWARGS | {"size", "fill_value", "memory_format"}:
-        return False
+            or list(t.users) != [node] or not makes_tensor(t) or (t.op, t.target) == ("call_method", "new"):
+        return False   # (the legacy x.new(n, d) takes no requires_grad)
     t.kwargs = {**t.kwargs, "requires_grad": True}
     node.replace_all_uses_with(t)
     graph.erase_node(node)
