@@ -252,7 +252,8 @@ def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None
         value = _row_value(info, ragged[x])
         return None if value is None else _row_value(info, ragged[x], call=("call_method", "reshape",
                                                                            (x, value.part.shape)))
-    elif target in _JOINS and isinstance(x, (list, tuple)) and type(where) is int and where % info.rank != 0:
+    elif node.op == "call_function" and target in tuple(_JOINS) and isinstance(x, (list, tuple)) \
+            and type(where) is int and where % info.rank != 0:   # (a tuple: no hashing of the target)
         rowed = [a for a in x if a in ragged]
         if not rowed or not all(isinstance(a, fx.Node) for a in x):
             return None
