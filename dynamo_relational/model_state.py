@@ -202,6 +202,33 @@ class PlainObjects:
             attributes.update(before)
 
 
+ModuleAttributes = list[tuple[nn.Module, dict[str, Any]]]
+
+
+def module_attributes(model: nn.Module) -> ModuleAttributes:
+    """Each module of ``model`` with a copy of its attributes, to find what ``forward`` assigns."""
+    return [(module, dict(vars(module))) for module in model.modules()]
+
+
+def assigned_traced_values(before: ModuleAttributes, traced: Callable[[Any], bool] = _is_proxy
+                           ) -> list[tuple[nn.Module, str, dict[str, Any]]]:
+    """The attributes assigned since ``before`` (new, replaced, or nn.Module's registries) that hold a ``traced``
+    value (also as an item of a list, tuple or dict: ``self.outputs = []`` then ``self.outputs.append(h)``), as
+    (module, name, that module's attributes before)."""
+    return [(module, name, held) for module, held in before for name, value in vars(module).items()
+            if (name not in held or held[name] is not value or name in REGISTRIES)
+            and traced_in(value, traced) is not None]
+
+
+def take_out(assigned: list[tuple[nn.Module, str, dict[str, Any]]]) -> None:
+    """Put the attributes :func:`assigned_traced_values` found back as they were (remove the new ones)."""
+    for module, name, held in assigned:
+        if name in held:
+            vars(module)[name] = held[name]
+        else:
+            del vars(module)[name]
+
+
 def traced_in(item: Any, traced: Callable[[Any], bool]) -> Any:
     """``item`` if it is a ``traced`` value, else the first one in the list, tuple or dict it is."""
     if traced(item):

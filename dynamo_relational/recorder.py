@@ -42,7 +42,8 @@ from torch.utils import _pytree as pytree
 from .data_dependence import (DataDependentOp, RejectDataDependentOps, needs_check, numbers_in_index, reads_a_number,
                               static_target)
 from .forward_constants import changed_constant, returned_constants_share_memory, tensor_version
-from .model_state import REGISTRIES, HeldAttributes, PlainObjects, traced_in
+from .model_state import (HeldAttributes, ModuleAttributes, PlainObjects, assigned_traced_values, module_attributes,
+                          take_out)
 from .nodes import new_node
 from .ops.base import TensorInfo, value_info
 from .ops.elementwise import ADDITIONS
@@ -345,7 +346,7 @@ class Recording(TorchFunctionMode):
         """Call ``model`` on ``inputs`` (with gradients, as eager), recording; sets :attr:`call_result`.
         ``attributes`` and ``objects`` are the model's state before the call."""
         generators = generator_states()
-        module_attributes = [(module, dict(vars(module))) for module in model.modules()]
+        before = module_attributes(model)
         self._stop = sys._getframe()
         try:
             with self:
@@ -361,7 +362,7 @@ class Recording(TorchFunctionMode):
         if self.unusable is None and not self.drew and drew_since(generators):
             # (with random ops recorded, the calls without a traced argument were checked by name)
             self.unusable = "random numbers were drawn outside the recorded calls"
-        self._refuse_stored_values(module_attributes, attributes, objects)   # (their stores undone in any case)
+        self._refuse_stored_values(before, attributes, objects)   # (their stores undone in any case)
         held = attributes.held_ids()
         if self.unusable is None and returned_constants_share_memory(self.graph, self.attrs, held):
             self.unusable = "outputs made without a traced value share memory"
@@ -389,10 +390,10 @@ class Recording(TorchFunctionMode):
             self.graph.create_node("call_function", torch._C._set_grad_enabled, (_is_grad_enabled(),), {})
         self.graph.create_node("output", "output", (args,), {})
 
-    def _refuse_stored_values(self, module_attributes: list[tuple[nn.Module, dict]], attributes: HeldAttributes,
+    def _refuse_stored_values(self, before: ModuleAttributes, attributes: HeldAttributes,
                               objects: PlainObjects) -> None:
         """A traced value that ``forward`` stored in the model (an attribute of a module, as it was before the
-        call in ``module_attributes``, or of a plain object it holds, or an item of a list or dict attribute),
+        call in ``before``, or of a plain object it holds, or an item of a list or dict attribute),
         or a tensor the model holds changed: the graph would not repeat that (the tracer, tracing next, refuses
         it, naming the line). The stored values are taken out first."""
         traced = self._nodes
@@ -403,15 +404,8 @@ class Recording(TorchFunctionMode):
         # (an attribute that still holds what it held holds no new traced value, unless it is a list or dict,
         # which ``attributes`` looks into, or a dict where nn.Module stores assigned tensors: a long list of
         # Python data is not walked)
-        stored = [(module, name, before) for module, before in module_attributes
-                  for name, value in vars(module).items()
-                  if (name not in before or before[name] is not value or name in REGISTRIES)
-                  and traced_in(value, is_traced) is not None]
-        for module, name, before in stored:
-            if name in before:
-                vars(module)[name] = before[name]
-            else:
-                del vars(module)[name]
+        stored = assigned_traced_values(before, is_traced)
+        take_out(stored)
         if attributes.stored_proxy(is_traced) is not None or objects.stored_proxy(is_traced) is not None:
             attributes.restore()
             objects.restore()

@@ -17,7 +17,8 @@ from torch.utils import _pytree as pytree
 
 from .forward_constants import copy_mutated_constants, returned_constants_share_memory
 from .errors import DataDependenceError, FrontendError
-from .model_state import HeldAttributes, PlainObjects
+from .model_state import (HeldAttributes, ModuleAttributes, PlainObjects, assigned_traced_values, module_attributes,
+                          take_out, traced_in)
 from .module_hooks import refuse_unrecorded_hooks
 from .ops import tensor_info
 from .progress import NONE as NO_PROGRESS, CompileProgress
@@ -57,6 +58,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     generators = generator_states()
     attributes = HeldAttributes(model)
     objects = PlainObjects(model)
+    before = module_attributes(model)
     live = live and torch.is_grad_enabled()   # (else the values would lack the gradients eager's have)
     # what a live trace may change in place (inputs, buffers), kept to put back if it fails
     # (all of them: ops such as batch_norm update buffers without counting a version)
@@ -67,7 +69,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
                 tracer, result = _recorded(model, inputs, names, progress, attributes, objects)
             else:
                 tracer, result = _traced(model, inputs, names, progress, generators, attributes), None
-        _refuse_changes_to_the_model(model, attributes, objects)
+        _refuse_changes_to_the_model(model, attributes, objects, before)
     except BaseException:   # (a failed trace changes nothing: a batch may trace the sample again)
         _put_back(changeable)
         set_generator_states(generators)
@@ -195,13 +197,25 @@ def _traced_again(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[
     return tracer
 
 
-def _refuse_changes_to_the_model(model: nn.Module, attributes: HeldAttributes, objects: PlainObjects) -> None:
+def _refuse_changes_to_the_model(model: nn.Module, attributes: HeldAttributes, objects: PlainObjects,
+                                 before: ModuleAttributes) -> None:
     """``forward`` storing a traced value in the model, or changing a tensor it holds, is refused (and undone):
-    the trace would make the change once, at compile time, not on every call."""
+    the trace would make the change once, at compile time, not on every call. ``before``: the modules'
+    attributes before the call, to find also a list that ``forward`` assigns and then fills
+    (``self.outputs = []; self.outputs.append(h)``)."""
+    in_lists = ("not values kept in the model's lists and dicts (this one would be stored once, while tracing, and "
+                "not as a tensor). Collect such values in a local list or dict and return them, or use "
+                "torch.compile(model, backend=\"relational\").")
+    assigned = assigned_traced_values(before)
+    if assigned:
+        module, name, _ = assigned[0]
+        found = traced_in(vars(module)[name], lambda value: isinstance(value, fx.Proxy))
+        take_out(assigned)
+        raise FrontendError(
+            f"{type(model).__name__}.forward stores a traced value in {type(module).__name__}.{name} (the value "
+            f"computed at {recorded_line(found.node)}): dynamo_relational.compile records tensor ops, {in_lists}")
     for holder, why in (
-            (attributes, "not values kept in the model's lists and dicts (this one would be stored once, while "
-                         "tracing, and not as a tensor). Collect such values in a local list or dict and return them, "
-                         "or use torch.compile(model, backend=\"relational\")."),
+            (attributes, in_lists),
             (objects, "and would leave that attribute holding a value of the trace, not of any call. Keep such state "
                       "in local variables (a dict from node to state) or return it, or use torch.compile(model, "
                       "backend=\"relational\"), which replays attribute writes.")):

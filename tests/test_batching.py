@@ -1027,3 +1027,30 @@ def test_trees_of_words_given_as_python_ints_batch_as_eager():
     assert_batches_match_eager(batched, model, trees, through_union=False)
     assert_batches_match_eager(batched, model, trees[::-1])
     assert batched.report.unbatched == 0 and batched.report.groupings == 1, batched.report
+
+
+class _OutputsOnTheModel(_WordTreeRNN):
+    """:class:`_WordTreeRNN` collecting its per-node outputs in a list it assigns to the model in forward."""
+
+    def forward(self, children, words):
+        self.outputs = []
+
+        def node(v):
+            h = self.emb(torch.LongTensor([words[v]])) if not children[v] else torch.tanh(
+                self.W(torch.cat((node(children[v][0]), node(children[v][-1])), 1)))
+            self.outputs.append(self.proj(h))
+            return h
+
+        node(0)
+        return torch.cat(self.outputs)
+
+
+def test_a_list_of_traced_values_assigned_to_the_model_is_a_clear_error_naming_the_sample():
+    """A run from the union would not assign it, and the trace would leave its values there: refused, and taken
+    out of the model; nothing of the sample is cached."""
+    trees = [(children, [v % 10 for v in range(len(children))]) for children, _ in dataset("treernn", 3)]
+    model = _OutputsOnTheModel()
+    batched = dynamo_relational.batch(model, progress=False)
+    with pytest.raises(FrontendError, match=r"sample 0: .*stores a traced value in _OutputsOnTheModel.outputs"):
+        batched(trees)
+    assert not hasattr(model, "outputs") and batched.report.structures == 0

@@ -476,9 +476,10 @@ def test_forward_changing_a_tensor_attribute_is_a_clear_error(style):
     assert model.calls is before
 
 
-@pytest.mark.parametrize("container", ["list", "dict"])
+@pytest.mark.parametrize("container", ["list", "dict", "list assigned in forward"])
 def test_forward_keeping_a_traced_value_in_a_list_or_dict_attribute_is_a_clear_error(container):
-    """The trace would keep a proxy in the model, once: refused, and the list or dict is put back."""
+    """The trace would keep a proxy in the model, once: refused, and the list or dict is put back (one that
+    ``forward`` assigned, as older per-node code collects its outputs, is taken out)."""
     class Keeping(nn.Module):
         def __init__(self):
             super().__init__()
@@ -488,15 +489,19 @@ def test_forward_keeping_a_traced_value_in_a_list_or_dict_attribute_is_a_clear_e
             h = torch.stack([row * 2 for row in x])
             if container == "list":
                 self.history.append(h.detach())
-            else:
+            elif container == "dict":
                 self.stats["mean"] = h.mean()
+            else:
+                self.outputs = []
+                self.outputs.append(h.sum(0))
+                return torch.cat(self.outputs)
             return h
 
     model = Keeping()
-    with pytest.raises(FrontendError, match=r"Keeping.forward stores a traced value in Keeping.(history|stats) "
-                                            r"\(the value computed at .*test_frontend.py:\d+ in forward: "):
+    with pytest.raises(FrontendError, match=r"Keeping.forward stores a traced value in Keeping.(history|stats|"
+                                            r"outputs) \(the value computed at .*test_frontend.py:\d+ in forward: "):
         dynamo_relational.compile(model, torch.randn(3, 2), inductor=False)
-    assert model.history == [1] and model.stats == {"calls": 0}
+    assert model.history == [1] and model.stats == {"calls": 0} and not hasattr(model, "outputs")
 
 
 class _TreeNode:
