@@ -19,7 +19,7 @@ from torch import nn
 from .forward_constants import tensor_version
 
 
-def _is_proxy(value: Any) -> bool:
+def is_proxy(value: Any) -> bool:
     """A value of the tracer's (its proxies)."""
     return isinstance(value, fx.Proxy)
 
@@ -88,7 +88,7 @@ class HeldAttributes:
                 return f"{type(module).__name__}.{name}", f"changed from {held!r} to {value!r}"
         return None
 
-    def stored_proxy(self, traced: Callable[[Any], bool] = _is_proxy) -> tuple[str, Any] | None:
+    def stored_proxy(self, traced: Callable[[Any], bool] = is_proxy) -> tuple[str, Any] | None:
         """The first list or dict attribute (as ``"Model.history"``) that now holds a traced value (one level
         deep), and that value: ``forward`` appended one to it, or stored one in it, while tracing."""
         for module, name, container, saved in self.containers:
@@ -185,7 +185,7 @@ class PlainObjects:
                 self.saved.append((value, path, dict(attributes)))
                 stack.extend((v, (path, f".{k}")) for k, v in attributes.items() if type(v) not in _SCALARS)
 
-    def stored_proxy(self, traced: Callable[[Any], bool] = _is_proxy) -> tuple[str, Any] | None:
+    def stored_proxy(self, traced: Callable[[Any], bool] = is_proxy) -> tuple[str, Any] | None:
         """The first attribute of such an object (as ``"Model.trees[0].children[1].state"``) that now holds a
         traced value, also inside a list, tuple or dict, and that value."""
         for value, path, _ in self.saved:
@@ -210,7 +210,7 @@ def module_attributes(model: nn.Module) -> ModuleAttributes:
     return [(module, dict(vars(module))) for module in model.modules()]
 
 
-def assigned_traced_values(before: ModuleAttributes, traced: Callable[[Any], bool] = _is_proxy
+def assigned_traced_values(before: ModuleAttributes, traced: Callable[[Any], bool] = is_proxy
                            ) -> list[tuple[nn.Module, str, dict[str, Any]]]:
     """The attributes assigned since ``before`` (new, replaced, or nn.Module's registries) that hold a ``traced``
     value (also as an item of a list, tuple or dict: ``self.outputs = []`` then ``self.outputs.append(h)``), as

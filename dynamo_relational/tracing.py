@@ -17,8 +17,8 @@ from torch.utils import _pytree as pytree
 
 from .forward_constants import copy_mutated_constants, returned_constants_share_memory
 from .errors import DataDependenceError, FrontendError
-from .model_state import (HeldAttributes, ModuleAttributes, PlainObjects, assigned_traced_values, module_attributes,
-                          take_out, traced_in)
+from .model_state import (HeldAttributes, ModuleAttributes, PlainObjects, assigned_traced_values, is_proxy,
+                          module_attributes, take_out, traced_in)
 from .module_hooks import refuse_unrecorded_hooks
 from .ops import tensor_info
 from .progress import NONE as NO_PROGRESS, CompileProgress
@@ -209,7 +209,7 @@ def _refuse_changes_to_the_model(model: nn.Module, attributes: HeldAttributes, o
     assigned = assigned_traced_values(before)
     if assigned:
         module, name, _ = assigned[0]
-        found = traced_in(vars(module)[name], lambda value: isinstance(value, fx.Proxy))
+        found = traced_in(vars(module)[name], is_proxy)
         take_out(assigned)
         raise FrontendError(
             f"{type(model).__name__}.forward stores a traced value in {type(module).__name__}.{name} (the value "
