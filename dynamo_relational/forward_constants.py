@@ -73,7 +73,7 @@ def changed_constant(read: list[tuple[str, torch.Tensor, int | None]], held: set
 
 def _constant_name(node: fx.Node) -> str | None:
     """The name of the constant ``node`` reads, if it is one the tracer made for a tensor built in ``forward``."""
-    return node.target if is_forward_constant(node) else None   # type: ignore[return-value]
+    return str(node.target) if is_forward_constant(node) else None
 
 
 def _viewed_base(node: fx.Node) -> fx.Node:

@@ -342,11 +342,11 @@ class Recording(TorchFunctionMode):
 
     # -- the call ------------------------------------------------------------
     def run(self, model: nn.Module, inputs: Sequence[torch.Tensor], attributes: HeldAttributes,
-            objects: PlainObjects) -> None:
+            objects: PlainObjects, before: ModuleAttributes) -> None:
         """Call ``model`` on ``inputs`` (with gradients, as eager), recording; sets :attr:`call_result`.
-        ``attributes`` and ``objects`` are the model's state before the call."""
+        ``attributes``, ``objects`` and ``before`` (the modules' attributes) are the model's state before the
+        call."""
         generators = generator_states()
-        before = module_attributes(model)
         self._stop = sys._getframe()
         try:
             with self:
@@ -511,5 +511,5 @@ def _new_recipe(func) -> _Recipe | None:
 def record(model: nn.Module, inputs: Sequence[torch.Tensor], input_names: Sequence[str]) -> Recording:
     """``model`` called on ``inputs`` with gradients, recorded (see the module docstring)."""
     recording = Recording(model, inputs, input_names)
-    recording.run(model, inputs, HeldAttributes(model), PlainObjects(model))
+    recording.run(model, inputs, HeldAttributes(model), PlainObjects(model), module_attributes(model))
     return recording

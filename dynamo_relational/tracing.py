@@ -66,7 +66,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     try:
         with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
             if live:
-                tracer, result = _recorded(model, inputs, names, progress, attributes, objects)
+                tracer, result = _recorded(model, inputs, names, progress, attributes, objects, before)
             else:
                 tracer, result = _traced(model, inputs, names, progress, generators, attributes), None
         _refuse_changes_to_the_model(model, attributes, objects, before)
@@ -99,7 +99,8 @@ def _put_back(changeable: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
-              attributes: HeldAttributes, objects: PlainObjects) -> tuple[Recording | Tracer, tuple]:
+              attributes: HeldAttributes, objects: PlainObjects, before: ModuleAttributes
+              ) -> tuple[Recording | Tracer, tuple]:
     """The graph of ``model``'s call on ``inputs``, recorded while the call runs (:mod:`~dynamo_relational.
     recorder`), and the call's result in a 1-tuple. Where the recording gives up, the call has run as eager's
     and its result stands; the graph is then traced from copies of the tensors (nothing the call changed is
@@ -109,7 +110,7 @@ def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str]
 
     recording = Recording(model, inputs, names)
     try:
-        recording.run(model, inputs, attributes, objects)
+        recording.run(model, inputs, attributes, objects, before)
     except Exception:
         from_copies()
         raise

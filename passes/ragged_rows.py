@@ -213,12 +213,12 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
         return None
     if not rowed or any(a not in ragged for a in rowed) or any(a in ragged for a in matrix):
         return None
-    if matrix:   # a map of each row: a matrix needs a row dimension besides the one it maps, a vector (rows @ a)
-        # one in the rows it maps
-        rank = (tensor_info(matrix[0]) or info).rank
-        if not (rank == 2 and info.rank >= 2 or rank == 1 and product is not None and info.rank >= 1):
-            return None
-    contracted = 1 if matrix and (tensor_info(matrix[0]) or info).rank == 1 else 0   # (rows @ a: a dim less)
+    # a map of each row: a matrix needs a row dimension besides the one it maps, a vector (rows @ a) one in the
+    # rows it maps, which it contracts (a dimension less)
+    rank = (tensor_info(matrix[0]) or info).rank if matrix else 0
+    if matrix and not (rank == 2 and info.rank >= 2 or rank == 1 and product is not None and info.rank >= 1):
+        return None
+    contracted = 1 if rank == 1 else 0
     first = ragged[rowed[0]]
     stacked = first.stacked
     rows = 1 if stacked else first.part.shape[0]
@@ -250,8 +250,9 @@ def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None
                 or not all(i is None or i == slice(None) for i in where[1:]):
             return None
         value = _row_value(info, ragged[x])
-        return None if value is None else _row_value(info, ragged[x], call=("call_method", "reshape",
-                                                                           (x, value.part.shape)))
+        if value is not None:
+            value.call = ("call_method", "reshape", (x, value.part.shape))
+        return value
     elif node.op == "call_function" and target in tuple(_JOINS) and isinstance(x, (list, tuple)) \
             and type(where) is int and where % info.rank != 0:   # (a tuple: no hashing of the target)
         rowed = [a for a in x if a in ragged]
