@@ -168,6 +168,11 @@ class _SampleCall(nn.Module):
     def forward(self, *tensors: torch.Tensor) -> Any:
         return self.model(*self.arguments(tensors))
 
+    @property
+    def shown_as(self) -> str:
+        """The name that messages about this call's ``forward`` give it: the model's."""
+        return type(self.model).__name__
+
 
 def _substituted(value: Any, tensors) -> Any:
     """``value`` with its tensors (in :func:`fingerprint`'s order) replaced by the next of ``tensors``."""

@@ -49,7 +49,7 @@ from .ops.base import TensorInfo, value_info
 from .ops.elementwise import ADDITIONS
 from .ops.facts import target_may_alias, target_writes
 from .passes.cse import merges_by_target
-from .source_lines import formatted_frame, innermost_frame
+from .source_lines import code_site, formatted_site
 from .tracer import PLAIN_TYPES
 from .untraced_calls import drew_since, generator_states, random_ops
 from .value_proxy import STATIC_ATTRIBUTES, STATIC_METHODS
@@ -269,7 +269,7 @@ class Recording(TorchFunctionMode):
             self._calls.clear()
         if form.random:
             self.drew = True
-        node.meta["stack_trace"] = formatted_frame(innermost_frame(self._stop, skip=2))   # (_node, the mode)
+        node.meta["stack_trace"] = formatted_site(code_site(self._stop, skip=2))   # (_node, the mode)
         return node, written, form.static, key
 
     def _reaches_merged(self, written: fx.Node) -> bool:

@@ -49,18 +49,26 @@ def frames(stop: FrameType | None) -> list[Frame]:
     return out
 
 
-def innermost_frame(stop: FrameType | None, skip: int = 0) -> Frame | None:
+def code_site(stop: FrameType | None, skip: int = 0) -> tuple[Frame, ...]:
     """The innermost user frame between ``stop`` and the caller, whose ``skip`` innermost frames are known to be
-    internal (not walked: Python makes a frame object for each frame walked)."""
+    internal (not walked: Python makes a frame object for each frame walked), and where that frame is torch's
+    own Python code (a module's ``forward``, a functional), first the innermost frame outside torch: the
+    user's line that called it. Outermost first, as Dynamo's ``stack_trace`` lists frames."""
     frame: FrameType | None = sys._getframe(1 + skip)
     known = _internal_code.get   # (inlined :func:`_is_internal`: the tracer walks these frames for every op)
+    inner: Frame | None = None
     while frame is not None and frame is not stop:
         code = frame.f_code
         internal = known(code)
         if not (_is_internal(code) if internal is None else internal):
-            return code, frame.f_lineno
+            if inner is None and code.co_filename.startswith(_TORCH_DIR):
+                inner = code, frame.f_lineno
+            elif inner is None:
+                return ((code, frame.f_lineno),)
+            elif not code.co_filename.startswith(_TORCH_DIR):
+                return (code, frame.f_lineno), inner
         frame = frame.f_back
-    return None
+    return (inner,) if inner is not None else ()
 
 
 def traceback_frames(error: BaseException) -> list[Frame]:
@@ -74,18 +82,17 @@ def format_frame(code: CodeType, line: int) -> str:
     return f'  File "{code.co_filename}", line {line}, in {code.co_name}\n    {text}\n'
 
 
-_formatted: dict[Frame, str] = {}
+_formatted: dict[tuple[Frame, ...], str] = {}
 
 
-def formatted_frame(frame: Frame | None) -> str:
-    """``frame`` in Dynamo's ``stack_trace`` format (what the grouping's code-site hint reads); "" for none."""
-    if frame is None:
-        return ""
-    text = _formatted.get(frame)
+def formatted_site(site: tuple[Frame, ...]) -> str:
+    """``site``'s frames in Dynamo's ``stack_trace`` format (the grouping's code-site hint reads the innermost,
+    messages the outermost); "" for none."""
+    text = _formatted.get(site)
     if text is None:
         if len(_formatted) > 65536:   # (a bound for code made anew at run time)
             _formatted.clear()
-        text = _formatted[frame] = format_frame(*frame)
+        text = _formatted[site] = "".join(format_frame(*frame) for frame in site)
     return text
 
 

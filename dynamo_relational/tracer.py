@@ -8,7 +8,8 @@ functions are Python references) or fake tensors (about 300 us). The values neve
 Python control flow (:mod:`~dynamo_relational.value_proxy`, :mod:`~dynamo_relational.data_dependence`); they
 give each node its shape, dtype and device (``meta["rel_info"]``, what the passes read) and are freed as soon
 as user code drops the node's last proxy (most neuron values die within their layer), except those of inputs
-and constants, which the passes compare. The innermost user frame of each node is recorded as
+and constants, which the passes compare. The innermost user frame of each node (and, where
+that is torch's own code, the user's line that called it) is recorded as
 ``meta["stack_trace"]`` in Dynamo's format (the grouping's code-site hint).
 
 Modules are traced through, not kept as leaves, so ``nn.Linear`` appears as ``F.linear`` and activations as
@@ -40,7 +41,7 @@ from .nodes import new_node
 from .ops.base import value_info
 from .progress import NODE_STRIDE, NONE as NO_PROGRESS, CompileProgress
 from .schemas import autocast_state
-from .source_lines import format_frame, formatted_frame, frames, innermost_frame, traceback_frames, user_line
+from .source_lines import code_site, format_frame, formatted_site, frames, traceback_frames, user_line
 from .tracing_patches import tracing
 from .trial_runs import cuda_devices
 from .untraced_calls import RecordUntracedCalls, is_random, writes_untraced_tensor
@@ -328,22 +329,23 @@ class Tracer(fx.Tracer):
         are alive; its structure goes to :attr:`out_spec`. (Flattened here, fx never sees the containers: it
         would make its own immutable lists and dicts of them, and a node constructing each namedtuple.)"""
         leaves, self.out_spec = pytree.tree_flatten(outputs)
+        name = getattr(self.model, "shown_as", type(self.model).__name__)
         for leaf in leaves:
             if isinstance(leaf, ValueProxy) and not isinstance(leaf.value, torch.Tensor):
-                raise FrontendError(f"{type(self.model).__name__}.forward returns {leaf.node.name} (a "
+                raise FrontendError(f"{name}.forward returns {leaf.node.name} (a "
                                     f"{type(leaf.value).__name__}); outputs must be tensors, or tuples, "
                                     "namedtuples, lists and dicts of tensors and Python constants")
             if is_dataclass(leaf) and any(isinstance(getattr(leaf, f.name, None), fx.Proxy) for f in fields(leaf)):
                 raise FrontendError(
-                    f"{type(self.model).__name__}.forward returns a {type(leaf).__name__} holding tensors, a "
+                    f"{name}.forward returns a {type(leaf).__name__} holding tensors, a "
                     "dataclass that torch.utils._pytree does not know: register it "
                     f"(torch.utils._pytree.register_dataclass({type(leaf).__name__})), or return a tuple, "
                     "namedtuple or dict")
         return tuple(leaves)
 
     def _stack_trace(self) -> str:
-        """The innermost user frame, in Dynamo's ``stack_trace`` format (what the code-site hint reads)."""
-        return formatted_frame(innermost_frame(self._stop))
+        """The innermost user frame (:func:`code_site`), in Dynamo's ``stack_trace`` format."""
+        return formatted_site(code_site(self._stop))
 
     def user_line(self) -> str:
         """``file:line in function: code`` of the user code running now (for error messages)."""

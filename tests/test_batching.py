@@ -1054,3 +1054,17 @@ def test_a_list_of_traced_values_assigned_to_the_model_is_a_clear_error_naming_t
     with pytest.raises(FrontendError, match=r"sample 0: .*stores a traced value in _OutputsOnTheModel.outputs"):
         batched(trees)
     assert not hasattr(model, "outputs") and batched.report.structures == 0
+
+
+def test_an_error_about_forward_names_the_users_model_and_the_sample():
+    @dataclasses.dataclass
+    class Result:   # (made here: never registered with pytree)
+        h: torch.Tensor
+
+    class ReturnsADataclass(nn.Module):
+        def forward(self, children, x):
+            return Result(x[0] * 2)
+
+    batched = dynamo_relational.batch(ReturnsADataclass(), progress=False)
+    with pytest.raises(FrontendError, match=r"sample 0: ReturnsADataclass\.forward returns a Result holding tensors"):
+        batched(dataset("treernn", 2))

@@ -115,7 +115,7 @@ class DroppedTreeRNN(nn.Module):
             own = self.W(x[v])
             h[v] = torch.tanh(own + self.U(sum(h[c] for c in children[v])) if children[v] else own)
             if self.inner:
-                h[v] = self.drop(h[v])
+                h[v] = self.drop(h[v])   # (the line the reason names)
         return self.drop(h[0])
 
 
@@ -131,7 +131,10 @@ def test_batch_runs_dropout_in_training_one_by_one_without_the_option_and_says_s
     batched(data)
     batched(data)   # (known structures: grouped)
     assert batched.report.unbatched == 1
-    assert "option group_dropout" in batched.report.unbatched_reason
+    reason = batched.report.unbatched_reason
+    assert "option group_dropout" in reason
+    # the user's line that called the dropout, not torch's code in between
+    assert f'"{__file__}", line' in reason and "h[v] = self.drop(h[v])   # (the line the reason names)" in reason
 
 
 def test_batch_groups_dropout_with_the_option_and_differentiates_each_samples_mask():
