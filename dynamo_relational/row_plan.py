@@ -307,6 +307,8 @@ class _Analysis:
         self._relayouts: dict[fx.Node, fx.Node] = {}
         #: ``torch.cat`` of index tensors (a merged gather's: ``passes/merge_gathers.py``) -> those tensors
         self._joined_indices: dict[fx.Node, list[fx.Node]] = {}
+        #: constants of the grouping that elementwise ops read as data, a row per member (:meth:`_per_row_constant`)
+        self._tables: set[fx.Node] = set()
         #: ``torch.split`` of a merged gather's rows -> the rows of each part
         self._split_parts: dict[fx.Node, list[Rows]] = {}
 
@@ -351,7 +353,9 @@ class _Analysis:
     def _visit(self, node: fx.Node) -> None:
         operands = [a for a in _flat_nodes((node.args, node.kwargs))]
         if any(a in self.index_nodes for a in operands) and not self._joined_index(node) and not self._gather(node):
-            raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
+            if not _is_elementwise(node):
+                raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
+            operands = [self._per_row_constant(node, a) if a in self.index_nodes else a for a in operands]
         if node in self.rows or node in self._joined_indices or self._split(node):
             return
         if node.target is torch.index_select and len(node.args) == 3 and node.args[2] in self._joined_indices:
@@ -372,6 +376,28 @@ class _Analysis:
             layouts = [self.rows[a] for a in with_rows]
         rows = _row_wise(node, layouts, with_rows, self)
         self._tag(node, rows)
+
+    def _per_row_constant(self, node: fx.Node, table: fx.Node) -> fx.Node:
+        """A constant of the grouping that elementwise ``node`` reads as data: a number per member (a node's
+        ``/ len(neighbours)``, made a ``[k, 1, ...]`` column by the vectorizer) is read through a gather of the
+        rows of ``node``'s samples, which a batch restricts as it restricts ``node``'s rows; a 0-d one (a
+        clamp's bound beside a column) is read as it is."""
+        info, out = _static_info(table), _static_info(node)
+        if not info.shape:   # (the same for every row; a batch keeps it as it is)
+            return table
+        if len(info.shape) != len(out.shape) or info.shape[0] != out.shape[0] or any(d != 1 for d in info.shape[1:]):
+            raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
+        name = f"_relational_rows_of_{table.target}_{node.name}"
+        self.gm.register_buffer(name, torch.arange(info.shape[0], device=info.device), persistent=False)
+        with self.gm.graph.inserting_before(node):
+            index = self.gm.graph.get_attr(name)
+            gathered = self.gm.graph.call_function(torch.index_select, (table, 0, index))
+        gathered.meta["rel_info"] = info
+        node.replace_input_with(table, gathered)   # (first: the gather's rows are its reader's)
+        self.index_nodes.add(index)
+        self._tables.add(table)
+        self._gather(gathered)
+        return gathered
 
     def _relayout(self, node: fx.Node, joined: fx.Node) -> fx.Node:
         """Read the rows of ``joined`` (a :class:`CatRows`: part after part in a batch) for ``node`` through a
@@ -427,7 +453,7 @@ class _Analysis:
             kind = "segments"
         else:
             return False
-        if source not in self.rows and source not in self.shared:
+        if source not in self.rows and source not in self.shared and source not in self._tables:
             raise Refused(f"{_describe(node)} gathers from a value that is neither shared nor rows of samples")
         # (source is a key of self.rows or self.shared, csr of self.index_nodes: a get_attr node)
         assert isinstance(source, fx.Node) and isinstance(csr, fx.Node) and isinstance(csr.target, str)

@@ -1068,3 +1068,36 @@ def test_an_error_about_forward_names_the_users_model_and_the_sample():
     batched = dynamo_relational.batch(ReturnsADataclass(), progress=False)
     with pytest.raises(FrontendError, match=r"sample 0: ReturnsADataclass\.forward returns a Result holding tensors"):
         batched(dataset("treernn", 2))
+
+
+class _NumbersPerNode(nn.Module):
+    """Per-node code that divides and scales by Python numbers of the node's structure: a mean over the
+    in-neighbours written by hand, GCN's ``1 / sqrt(deg(u) deg(v))`` per edge, a bound and a fill value per
+    node."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.W, self.U = nn.Linear(features, 4, dtype=torch.float64), nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, neighbours, x):
+        degree = [len(n) + 1 for n in neighbours]
+        h = [torch.tanh(self.W(x[v])) for v in range(len(neighbours))]
+        mean = [h[v] + sum(h[u] for u in neighbours[v]) / max(len(neighbours[v]), 1) for v in range(len(h))]
+        normed = [sum((h[u] / (degree[u] * degree[v]) ** 0.5 for u in neighbours[v]), h[v] / degree[v])
+                  for v in range(len(h))]
+        out = [self.U(mean[v] + normed[v]).clamp(-0.2, 0.1 * degree[v])   # (-0.2: a 0-d tensor beside a column)
+               .masked_fill(mean[v] > 0.5, float(degree[v])) for v in range(len(h))]
+        return torch.stack(out).sum(0)
+
+
+def test_numbers_of_each_nodes_structure_are_restricted_to_a_batch():
+    """The vectorizer makes a column of such numbers, one row per member: a batch reads the rows of its
+    samples (before, the union refused to read such a column as data, and every batch ran one by one)."""
+    data = dataset("gcn", 10, dtype=torch.float64)
+    model = _NumbersPerNode(data[0][1].shape[1])
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    order = random.Random(0).sample(range(10), 10)
+    for chosen in (order[:4], order[4:], order[2:9] + order[2:3]):
+        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
