@@ -353,6 +353,8 @@ class _Analysis:
     def _visit(self, node: fx.Node) -> None:
         operands = [a for a in _flat_nodes((node.args, node.kwargs))]
         if any(a in self.index_nodes for a in operands) and not self._joined_index(node) and not self._gather(node):
+            if self._element_read(node):
+                return
             if not _is_elementwise(node):
                 raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
             operands = [self._per_row_constant(node, a) if a in self.index_nodes else a for a in operands]
@@ -376,6 +378,49 @@ class _Analysis:
             layouts = [self.rows[a] for a in with_rows]
         rows = _row_wise(node, layouts, with_rows, self)
         self._tag(node, rows)
+
+    def _element_read(self, node: fx.Node) -> bool:
+        """Record ``base[(i_0, ..., i_m)]``, indexed by index tensors of the grouping (the vectorizer's read of
+        an element of each member, ``hx[0]`` of a ``[1, d]`` state), as one gather from ``base`` with its first
+        ``m + 1`` dims flattened into rows; False if ``node`` is not such a read."""
+        if node.target is not operator.getitem or node.kwargs:
+            return False
+        base, columns = node.args
+        if not (isinstance(columns, tuple) and columns and all(c in self.index_nodes for c in columns)
+                and (base in self.rows or base in self.shared)):
+            return False
+        assert isinstance(base, fx.Node)   # (a key of self.rows or self.shared)
+        info, m = _static_info(base), len(columns)
+        index = [_attribute(self.gm, cast(fx.Node, c).target).long().cpu().numpy() for c in columns]
+        if len(info.shape) < m or any(i.ndim != 1 or i.shape != index[0].shape for i in index):
+            return False
+        flat_index = numpy.ravel_multi_index([i % n for i, n in zip(index, info.shape)], info.shape[:m])
+        rows, per_row = int(numpy.prod(info.shape[:m])), int(numpy.prod(info.shape[1:m]))
+        name = f"_relational_elements_{node.name}"
+        self.gm.register_buffer(name, torch.from_numpy(flat_index).to(info.device), persistent=False)
+        graph = self.gm.graph
+        with graph.inserting_before(node):
+            flat = graph.call_method("reshape", (base, (-1, *info.shape[m:])))
+            read = graph.get_attr(name)
+            gathered = graph.call_function(torch.index_select, (flat, 0, read))
+        flat.meta["rel_info"] = TensorInfo((rows, *info.shape[m:]), info.dtype, info.device)
+        gathered.meta.update(node.meta)
+        if base in self.rows:
+            self.rows[flat] = self._expanded(self.rows[base], per_row)
+        else:
+            self.shared.add(flat)
+        self.index_nodes.add(read)
+        node.replace_all_uses_with(gathered)   # (node, now read by no one, goes with the dead code)
+        self._gather(gathered)
+        return True
+
+    def _expanded(self, rows: Rows, n: int) -> Rows:
+        """The rows of a rows value whose rows are each made ``n`` consecutive rows (its first dims flattened)."""
+        if type(rows) is CatRows:
+            return CatRows([self._expanded(leaf, n) for leaf in rows.leaves])
+        if type(rows) is SharedRows:
+            return SharedRows(rows.rows * n, self.samples)
+        return self.rows_of(numpy.repeat(rows.owner, n))
 
     def _per_row_constant(self, node: fx.Node, table: fx.Node) -> fx.Node:
         """A constant of the grouping that elementwise ``node`` reads as data: a number per member (a node's

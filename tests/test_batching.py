@@ -1101,3 +1101,39 @@ def test_numbers_of_each_nodes_structure_are_restricted_to_a_batch():
     for chosen in (order[:4], order[4:], order[2:9] + order[2:3]):
         assert_batches_match_eager(batched, model, [data[i] for i in chosen])
     assert batched.report.unbatched == 0, batched.report.unbatched_reason
+
+
+class _ElementReads(nn.Module):
+    """Per-node code that reads an element of a small tensor per node: an ``nn.LSTMCell`` called on ``[1, d]``
+    states with its result read as ``h[0]``, a row split by ``reshape(2, -1).unbind(0)``, and a parameter
+    indexed by two numbers of the sample's structure (a value of one sample where no other reads it: grouped)."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.W = nn.Linear(features, 4, dtype=torch.float64)
+        self.cell = nn.LSTMCell(4, 4, dtype=torch.float64)
+        self.P = nn.Parameter(torch.randn(5, 3, 4, dtype=torch.float64))
+
+    def forward(self, neighbours, x):
+        h = [torch.tanh(self.W(x[v])) for v in range(len(neighbours))]
+        out = []
+        for v, around in enumerate(neighbours):
+            m = sum(h[u] for u in around) if around else torch.zeros_like(h[v])
+            state, _ = self.cell(h[v].unsqueeze(0), (m.unsqueeze(0), m.unsqueeze(0)))
+            left, right = state[0].reshape(2, -1).unbind(0)
+            out.append(torch.cat([right, left]) * self.P[len(neighbours) % 5, len(around) % 3])
+        return torch.stack(out).sum(0)
+
+
+def test_element_reads_of_each_node_are_restricted_to_a_batch():
+    """The vectorizer reads an element of each member as ``rows[(range, i)]`` (``P[(i, j)]`` of a shared
+    tensor), with index tensors as the columns: one gather of the rows flattened over the indexed dims, which a
+    batch restricts (before, every batch of such a model ran one by one)."""
+    data = dataset("gcn", 10, dtype=torch.float64)
+    model = _ElementReads(data[0][1].shape[1])
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    order = random.Random(1).sample(range(10), 10)
+    for chosen in (order[:3], order[3:], order[1:8] + order[1:2]):
+        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
