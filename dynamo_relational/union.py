@@ -93,7 +93,7 @@ class SampleGraph:
 def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any],
             options: Options) -> SampleGraph:
     """A sample's trace after :data:`SAMPLE_PASSES`; :class:`NotBatchable` if they must keep its order."""
-    ctx = PassContext(options)
+    ctx = PassContext(options, in_union=True)
     graph = run_passes(SAMPLE_PASSES, graph, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the sample's graph keeps its order: {ctx.keep_order[0]}")
@@ -349,8 +349,8 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
         return None
     first = leaves[0]
     if first.target in (torch.stack, torch.cat) and all(
-            leaf.target is first.target and len(leaf.args) == 1 and not leaf.kwargs
-            and isinstance(leaf.args[0], (list, tuple)) for leaf in leaves):
+            leaf.target is first.target and isinstance(leaf.args[0], (list, tuple)) and _along_rows(leaf)
+            for leaf in leaves):
         terms = [item for leaf in leaves for item in cast(Sequence[fx.node.Argument], leaf.args[0])]
         joined = graph.call_function(first.target, (terms,))
         joined.meta[JOINED_OUTPUT] = True
@@ -375,6 +375,13 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
         return None
     consumed[:0] = leaves   # (readers first: erased in this order, each is read by no one when its turn comes)
     return joined
+
+
+def _along_rows(join: fx.Node) -> bool:
+    """Whether ``torch.stack`` / ``torch.cat`` node ``join`` joins its list along dim 0 (``stack(h)``,
+    ``stack(h, 0)``, ``stack(h, dim=0)``)."""
+    dim = join.args[1:] + tuple(join.kwargs.values()) if set(join.kwargs) <= {"dim"} else None
+    return dim in ((), (0,))
 
 
 def _tensor_info(node: fx.Node) -> TensorInfo:

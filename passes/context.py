@@ -18,6 +18,9 @@ class PassContext:
     options: Options
     #: fill the expensive parts of the report (lower bound, printed graphs)
     detailed: bool = False
+    #: the graph is one sample's, to be grouped in a union with others (``dynamo_relational.union``): its results
+    #: are joined with theirs, row by row
+    in_union: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     node_counts: dict[str, int] = field(default_factory=dict)
     #: why nodes were left ungrouped: reason -> number of nodes

@@ -29,8 +29,10 @@ and 3 children never share a group. This pass rewrites
   ``x[:, None]`` and ``cat([x, T.expand(k, ...)], d)`` (d > 0; a copy of one
   part read as that part) likewise into the op on each part.
 
-Only ragged values from which such a reduction or part read is reached are rewritten; a
-value also read otherwise keeps a ``cat`` of its new parts for those readers.
+Only ragged values from which such a reduction or part read is reached are rewritten, and in one sample of
+a union (``ctx.in_union``) those read as a whole whose rows broadcast a value the sample computes
+(``states + states.mean(0)`` returned: the union's rows must each read their own sample's mean); a value
+also read otherwise keeps a ``cat`` of its new parts for those readers.
 Then the parts of every node, whatever its k, are ops of one shape, and a
 node's reduction is a fan-in like ``sum(h[c] for c in children)``: groups follow
 the depth of the structure, not its child counts.
@@ -135,7 +137,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         part = _part_read(node, ragged)
         if part is not None:
             part_reads.append((node, *part))
-    needed = _reaching([x for _, x, _, _ in reductions] + [x for _, x, _ in part_reads], ragged)
+    read = [x for _, x, _, _ in reductions] + [x for _, x, _ in part_reads]
+    if ctx.in_union:
+        read += _read_whole_beside_own_values(ragged)
+    needed = _reaching(read, ragged)
     order = sorted(needed, key=position.__getitem__)
     parts: dict[fx.Node, list] = {}
     for node in order:   # a ragged value's operands are split before it
@@ -352,6 +357,17 @@ def _row_reduction(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.No
     if r.name in ("amax", "amin") and not ragged[r.input].one_row_parts():
         return None   # ties across parts would share the gradient otherwise than eager's
     return r.input, r.name, r.keepdim
+
+
+def _read_whole_beside_own_values(ragged: dict[fx.Node, _Ragged]) -> list[fx.Node]:
+    """In one sample of a union: the ragged values read as a whole (by the results, or by an op not split
+    here) whose rows broadcast a value that the sample computes (``states + states.mean(0)``). Joined with
+    the other samples' rows, each row would read its own sample's value, which one op on the joined rows
+    cannot; split into the op on each part (``h_i + m``), they group with the other samples' parts, and the
+    value read as a whole is their join."""
+    return [node for node in ragged if any(user not in ragged for user in node.users) and any(
+        source.op != "get_attr" for value in _reaching([node], ragged)
+        for operand, copied in ragged[value].reads.items() for source in (operand, copied))]
 
 
 def _reaching(read: list[fx.Node], ragged: dict[fx.Node, _Ragged]) -> dict[fx.Node, None]:

@@ -283,8 +283,8 @@ def test_structure_in_plain_objects_is_fingerprinted():
 
 class NodeStates(TreeRNN):
     """A result with a row per node: every node's state (``style`` "stack": ``torch.stack(h)``, "cat": ``torch.cat``
-    of one-row states), scores of every node by a classifier, or (``pooled``) each state plus their mean,
-    which reads the stack as a whole."""
+    of one-row states), scores of every node by a classifier, each state plus their mean (``centered``: the
+    stack beside a value of its own sample), or (``prefix sums``) a cumulative sum down the stack's rows."""
 
     def __init__(self, features: int, style: str = "stack"):
         super().__init__(features, hidden=5)
@@ -302,10 +302,12 @@ class NodeStates(TreeRNN):
         states = torch.stack(h)
         if self.style == "classifier":
             return torch.sigmoid(self.out(states) * 2)
-        return states + states.mean(0) if self.style == "pooled" else states
+        if self.style == "centered":   # (each row beside its own sample's mean)
+            return states + states.mean(0)
+        return states.cumsum(0) if self.style == "prefix sums" else states
 
 
-@pytest.mark.parametrize("style", ["stack", "cat", "classifier"])
+@pytest.mark.parametrize("style", ["stack", "cat", "classifier", "centered"])
 def test_results_with_a_row_per_node_join_the_samples_rows(style):
     data = dataset("treernn", 10, features=4, dtype=torch.float64)
     model = NodeStates(4, style).double()
@@ -317,8 +319,9 @@ def test_results_with_a_row_per_node_join_the_samples_rows(style):
 
 
 def test_a_result_read_as_a_whole_per_sample_runs_the_samples_one_by_one():
+    """Prefix sums over a sample's rows: one op on the union's joined rows would mix the samples."""
     data = dataset("treernn", 10, features=4, dtype=torch.float64)
-    model = NodeStates(4, "pooled").double()
+    model = NodeStates(4, "prefix sums").double()
     batched = dynamo_relational.batch(model)
     batched(data)
     with warnings_logged() as messages:

@@ -1,5 +1,6 @@
 """ragged_rows: a node's inputs joined as rows (``torch.cat(children, 0)``), run through row-wise ops and
 reduced over the rows, group by the structure's depth, not by its child counts; compiled equal to eager."""
+import operator
 import random
 
 import pytest
@@ -8,6 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
+from dynamo_relational.options import Options
+from dynamo_relational.passes import ragged_rows
+from dynamo_relational.passes.context import PassContext
+from dynamo_relational.tracing import trace
 from examples.per_sample import ChildSumTreeLSTM, Forest
 from tests.helpers import assert_fast_compile_matches_eager, assert_rows_batch_as_eager, report_matching_eager
 
@@ -255,3 +260,22 @@ def test_a_softmax_the_pass_cannot_split_keeps_the_stack(body):
 
     compiled = assert_fast_compile_matches_eager(Stacked(), torch.randn(3, 2, dtype=torch.float64), inductor=False)
     assert compiled.report.graphs[0].stats["ragged_reductions"] == 0
+
+
+def test_a_union_samples_stack_beside_its_own_value_is_split_into_parts_only_in_batch():
+    """``states + states.mean(0)`` returned as it is: in a sample of a union each row's op becomes its own (the
+    union's rows each read their own sample's mean); a compiled graph keeps the op on the stack."""
+    class Centered(nn.Module):
+        def forward(self, x):
+            states = torch.stack([torch.tanh(x[v] * 2) for v in range(x.shape[0])])
+            return states + states.mean(0)
+
+    x = torch.randn(3, 2, dtype=torch.float64)
+    for in_union in (False, True):
+        gm = trace(Centered(), [x], ["x"]).graph
+        gm = ragged_rows.run(gm, PassContext(Options(), in_union=in_union))
+        gm.recompile()
+        adds = [n for n in gm.graph.nodes if n.target in (torch.add, operator.add)]
+        output = next(iter(gm.graph.find_nodes(op="output"))).args[0][0]
+        assert (output.target is torch.stack) == in_union and len(adds) == (x.shape[0] if in_union else 1)
+        torch.testing.assert_close(gm(x)[0], Centered()(x))
