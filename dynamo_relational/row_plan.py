@@ -391,7 +391,7 @@ class _Analysis:
             return False
         assert isinstance(base, fx.Node)   # (a key of self.rows or self.shared)
         info, m = _static_info(base), len(columns)
-        index = [_attribute(self.gm, cast(fx.Node, c).target).long().cpu().numpy() for c in columns]
+        index = [_attribute(self.gm, str(cast(fx.Node, c).target)).long().cpu().numpy() for c in columns]
         if len(info.shape) < m or any(i.ndim != 1 or i.shape != index[0].shape for i in index):
             return False
         flat_index = numpy.ravel_multi_index([i % n for i, n in zip(index, info.shape)], info.shape[:m])
