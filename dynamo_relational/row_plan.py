@@ -740,8 +740,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
             return first
         raise Refused(f"{_describe(node)} works along dim 0, across the rows of samples")
     if name in _ALONG:
-        dims = _dims_by_schema(node, name, _rank(args[0]))
-        if dims is not None and 0 not in (dims if isinstance(dims, tuple) else (dims,)):
+        if works_within_rows(node):
             return first
         raise Refused(f"{_describe(node)} works along dim 0, across the rows of samples")
     if node.op == "call_method" and target in ("unsqueeze", "squeeze", "transpose", "flatten", "permute", "movedim",
@@ -816,6 +815,16 @@ def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:
 def _shape_path(node: fx.Node) -> tuple[int, ...]:
     """Where the first size of ``x.reshape(shape)`` / ``x.reshape(*shape)`` is in the node's arguments."""
     return (1, 0) if isinstance(node.args[1], (tuple, list)) else (1,)
+
+
+def works_within_rows(node: fx.Node) -> bool:
+    """Whether ``node`` works along dims of its first operand that do not include dim 0 (a softmax or sum over
+    each row's elements, ``argmax(1)``): row ``i`` of its result is computed from row ``i`` alone."""
+    name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+    if name not in _ALONG or not node.args or not isinstance(node.args[0], fx.Node):
+        return False
+    dims = _dims_by_schema(node, cast(str, name), _rank(node.args[0]))
+    return dims is not None and 0 not in (dims if isinstance(dims, tuple) else (dims,))
 
 
 def _dims_by_schema(node: fx.Node, name: str, rank: int):

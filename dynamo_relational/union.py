@@ -43,6 +43,7 @@ from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.facts import is_factory
 from .options import Options
+from .row_plan import works_within_rows
 
 #: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
 SAMPLE_PASSES = tuple(PIPELINE[:[p.name for p in PIPELINE].index("grouping")])
@@ -197,9 +198,14 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
         outputs.append(node)
         outputs_layout.append(layout)
     graph.output(tuple(outputs))
-    for node in dict.fromkeys(consumed):   # joined into the outputs without them
-        if not node.users:
+    unread = dict.fromkeys(consumed)   # joined into the outputs without them: erased, readers first
+    while unread:
+        erased = [node for node in unread if not node.users]
+        for node in erased:
             graph.erase_node(node)
+            del unread[node]
+        if not erased:   # (the rest is read by other nodes)
+            break
     # lazy: Python code for the ungrouped union is never needed
     return _LazyGraphModule(shared.attrs, graph), Layout(inputs_layout, tuple(outputs_layout))
 
@@ -321,7 +327,7 @@ def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int
     (the leaves that the join computes without are added to ``consumed``)."""
     info = _tensor_info(leaves[0])
     rows_agree = all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1
-    joined = _joined_rows(graph, leaves, set(), consumed) if rows_agree else None
+    joined = _joined_rows(graph, leaves, consumed) if rows_agree else None
     if len(set(shapes)) == 1 and joined is None:
         node = graph.call_function(torch.stack, (list(leaves),))
         node.meta["rel_info"] = TensorInfo((len(leaves), *info.shape), info.dtype, info.device)
@@ -337,15 +343,15 @@ def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int
     return joined, "cat"
 
 
-def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
-                 consumed: list[fx.Node]) -> fx.Node | None:
-    """A node whose rows are the rows of every leaf, leaf after leaf, computed without the leaves (which
-    ``readers`` alone read); the leaves are added to ``consumed``. Where each leaf is a ``torch.stack`` (or
-    each a ``torch.cat``) of a list along dim 0, ``cat(stack(a), stack(b))`` is ``stack(a + b)``: the stacked
-    rows themselves group. Where each is the same row-wise op (``F.linear`` by the same weights, an
-    elementwise op of constants) of such values, ``cat(f(a), f(b))`` is ``f(cat(a, b))``: one op on all rows
-    (a classifier over every node's state). None otherwise."""
-    if any(set(leaf.users) - readers or leaf.op not in ("call_function", "call_method") for leaf in leaves):
+def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], consumed: list[fx.Node]) -> fx.Node | None:
+    """A node whose rows are the rows of every leaf, leaf after leaf, computed without the leaves; the leaves
+    are added to ``consumed`` (those that nothing else reads are erased once every output is joined). Where
+    each leaf is a ``torch.stack`` (or each a ``torch.cat``) of a list along dim 0, ``cat(stack(a),
+    stack(b))`` is ``stack(a + b)``: the stacked rows themselves group. Where each is the same row-wise op
+    (``F.linear`` by the same weights, an elementwise op of constants, a softmax or sum within each row) of
+    such values, ``cat(f(a), f(b))`` is ``f(cat(a, b))``: one op on all rows (a classifier over every node's
+    state). None otherwise."""
+    if any(leaf.op not in ("call_function", "call_method") for leaf in leaves):
         return None
     first = leaves[0]
     if first.target in (torch.stack, torch.cat) and all(
@@ -361,9 +367,9 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
             shape = (sum(_tensor_info(cast(fx.Node, t)).shape[0] for t in terms), *term.shape[1:])
         joined.meta["rel_info"] = TensorInfo(shape, term.dtype, term.device)
     elif all(leaf.op == first.op and leaf.target == first.target and leaf.args[1:] == first.args[1:]
-             and leaf.kwargs == first.kwargs and isinstance(leaf.args[0], fx.Node) and row_wise_in(leaf, leaf.args[0])
-             for leaf in leaves):
-        inner = _joined_rows(graph, [cast(fx.Node, leaf.args[0]) for leaf in leaves], set(leaves), consumed)
+             and leaf.kwargs == first.kwargs and isinstance(leaf.args[0], fx.Node)
+             and (row_wise_in(leaf, leaf.args[0]) or works_within_rows(leaf)) for leaf in leaves):
+        inner = _joined_rows(graph, [cast(fx.Node, leaf.args[0]) for leaf in leaves], consumed)
         if inner is None:
             return None
         # (of no sample: a union's op on the rows of all of them, which grouping leaves as it is)
@@ -373,7 +379,7 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], readers: set[fx.Node],
         joined.meta["rel_info"] = TensorInfo((rows, *row.shape[1:]), row.dtype, row.device)
     else:
         return None
-    consumed[:0] = leaves   # (readers first: erased in this order, each is read by no one when its turn comes)
+    consumed[:0] = leaves   # (readers first)
     return joined
 
 

@@ -14,6 +14,7 @@ from operator import getitem
 import pytest
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
@@ -284,12 +285,13 @@ def test_structure_in_plain_objects_is_fingerprinted():
 class NodeStates(TreeRNN):
     """A result with a row per node: every node's state (``style`` "stack": ``torch.stack(h)``, "cat": ``torch.cat``
     of one-row states), scores of every node by a classifier, each state plus their mean (``centered``: the
-    stack beside a value of its own sample), or (``prefix sums``) a cumulative sum down the stack's rows."""
+    stack beside a value of its own sample), ops within each row (``log-probabilities``: a log-softmax, a sum
+    and an argmax over dim 1), or (``prefix sums``) a cumulative sum down the stack's rows."""
 
     def __init__(self, features: int, style: str = "stack"):
         super().__init__(features, hidden=5)
         self.style = style
-        if style == "classifier":
+        if style in ("classifier", "log-probabilities"):
             self.out = nn.Linear(5, 3)
 
     def forward(self, children, x):
@@ -304,10 +306,12 @@ class NodeStates(TreeRNN):
             return torch.sigmoid(self.out(states) * 2)
         if self.style == "centered":   # (each row beside its own sample's mean)
             return states + states.mean(0)
+        if self.style == "log-probabilities":   # (within each row; the stack also read by a second result)
+            return F.log_softmax(self.out(states), dim=1), states.sum(-1), self.out(states).argmax(1)
         return states.cumsum(0) if self.style == "prefix sums" else states
 
 
-@pytest.mark.parametrize("style", ["stack", "cat", "classifier", "centered"])
+@pytest.mark.parametrize("style", ["stack", "cat", "classifier", "centered", "log-probabilities"])
 def test_results_with_a_row_per_node_join_the_samples_rows(style):
     data = dataset("treernn", 10, features=4, dtype=torch.float64)
     model = NodeStates(4, style).double()
