@@ -28,14 +28,23 @@ _INTERNAL = (os.path.join(_TORCH_DIR, "fx") + os.sep, os.path.join(_TORCH_DIR, "
 #: a user frame: its code object and line number
 Frame = tuple[CodeType, int]
 
-_internal_code: dict[CodeType, bool] = {}
+#: what a frame's code is: user code, torch's own Python code (a module's ``forward``, a functional: named
+#: beside the user's line that called it), or the tracing machinery (never named)
+_USER, _TORCH, _MACHINERY = 0, 1, 2
+_kinds: dict[CodeType, int] = {}
+
+
+def _kind(code: CodeType) -> int:
+    kind = _kinds.get(code)
+    if kind is None:
+        name = code.co_filename
+        kind = _kinds[code] = _MACHINERY if name.startswith(_INTERNAL) else \
+            _TORCH if name.startswith(_TORCH_DIR) else _USER
+    return kind
 
 
 def _is_internal(code: CodeType) -> bool:
-    internal = _internal_code.get(code)
-    if internal is None:
-        internal = _internal_code[code] = code.co_filename.startswith(_INTERNAL)
-    return internal
+    return _kind(code) == _MACHINERY
 
 
 def frames(stop: FrameType | None) -> list[Frame]:
@@ -55,18 +64,17 @@ def code_site(stop: FrameType | None, skip: int = 0) -> tuple[Frame, ...]:
     own Python code (a module's ``forward``, a functional), first the innermost frame outside torch: the
     user's line that called it. Outermost first, as Dynamo's ``stack_trace`` lists frames."""
     frame: FrameType | None = sys._getframe(1 + skip)
-    known = _internal_code.get   # (inlined :func:`_is_internal`: the tracer walks these frames for every op)
+    known = _kinds.get   # (inlined :func:`_kind`: the tracer walks these frames for every op)
     inner: Frame | None = None
     while frame is not None and frame is not stop:
         code = frame.f_code
-        internal = known(code)
-        if not (_is_internal(code) if internal is None else internal):
-            if inner is None and code.co_filename.startswith(_TORCH_DIR):
-                inner = code, frame.f_lineno
-            elif inner is None:
-                return ((code, frame.f_lineno),)
-            elif not code.co_filename.startswith(_TORCH_DIR):
-                return (code, frame.f_lineno), inner
+        kind = known(code)
+        if kind is None:
+            kind = _kind(code)
+        if kind == _USER:
+            return ((code, frame.f_lineno),) if inner is None else ((code, frame.f_lineno), inner)
+        if kind == _TORCH and inner is None:
+            inner = code, frame.f_lineno
         frame = frame.f_back
     return (inner,) if inner is not None else ()
 
@@ -98,7 +106,7 @@ def formatted_site(site: tuple[Frame, ...]) -> str:
 
 def user_line(user_frames: list[Frame]) -> str:
     """``file:line: code`` of the innermost frame outside torch (the user's line)."""
-    user = [f for f in user_frames if not f[0].co_filename.startswith(_TORCH_DIR)] or list(user_frames)
+    user = [f for f in user_frames if _kind(f[0]) == _USER] or list(user_frames)
     if not user:
         return "<unknown source line>"
     code, line = user[0]

@@ -139,7 +139,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             part_reads.append((node, *part))
     read = [x for _, x, _, _ in reductions] + [x for _, x, _ in part_reads]
     if ctx.in_union:
-        read += _read_whole_beside_own_values(ragged)
+        read += _read_whole_beside_own_values(ragged, set(read))
     needed = _reaching(read, ragged)
     order = sorted(needed, key=position.__getitem__)
     parts: dict[fx.Node, list] = {}
@@ -359,13 +359,14 @@ def _row_reduction(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.No
     return r.input, r.name, r.keepdim
 
 
-def _read_whole_beside_own_values(ragged: dict[fx.Node, _Ragged]) -> list[fx.Node]:
+def _read_whole_beside_own_values(ragged: dict[fx.Node, _Ragged], read: set[fx.Node]) -> list[fx.Node]:
     """In one sample of a union: the ragged values read as a whole (by the results, or by an op not split
     here) whose rows broadcast a value that the sample computes (``states + states.mean(0)``). Joined with
     the other samples' rows, each row would read its own sample's value, which one op on the joined rows
     cannot; split into the op on each part (``h_i + m``), they group with the other samples' parts, and the
-    value read as a whole is their join."""
-    return [node for node in ragged if any(user not in ragged for user in node.users) and any(
+    value read as a whole is their join. (Those in ``read``, which reductions and part reads split anyway, are
+    left out.)"""
+    return [node for node in ragged if node not in read and any(user not in ragged for user in node.users) and any(
         source.op != "get_attr" for value in _reaching([node], ragged)
         for operand, copied in ragged[value].reads.items() for source in (operand, copied))]
 
