@@ -8,9 +8,10 @@ into one graph, whose grouping (:data:`UNION_PASSES`) vectorizes all samples
 at once:
 
 * the tensor arguments at one position become one input (``torch.cat`` of the
-  samples' tensors along dim 0, or ``torch.stack`` of 0-d ones); a sample's
-  row read ``x[v]`` becomes a read of its row in that input, so the reads of
-  every sample group into one gather;
+  samples' tensors along dim 0, or ``torch.stack`` of 0-d ones and of ones of
+  one shape that a sample reads as a whole); a sample's row read ``x[v]``
+  becomes a read of its row in that input, so the reads of every sample group
+  into one gather, and a stacked argument is a row of its input;
 * every node is tagged with its sample (``meta["rel_sample"]``), which the
   vectorizer keeps per row (``meta["rel_row_samples"]``): no row is shared by
   two samples, so a group restricted to some samples' rows computes exactly
@@ -89,6 +90,8 @@ class SampleGraph:
     inputs: tuple[TensorInfo, ...]
     #: the shapes of its tensor output leaves, in order
     output_shapes: tuple[tuple[int, ...], ...]
+    #: per tensor argument: whether it is read as a whole (a target vector), not only row by row (``x[v]``)
+    read_whole: tuple[bool, ...] = ()
 
 
 def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any],
@@ -102,9 +105,20 @@ def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[in
     inputs = tuple(_tensor_info(n) for n in graph.graph.find_nodes(op="placeholder"))
     output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
     shapes = tuple(_tensor_info(leaf).shape for leaf in output.args[0])
+    read_whole = _read_whole(graph.graph)
     records = _records(graph.graph)
     _unlink(graph.graph)
-    return SampleGraph(records, attrs, out_spec, constants, inputs, shapes)
+    return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, read_whole)
+
+
+def _read_whole(graph: fx.Graph) -> tuple[bool, ...]:
+    """Which tensor arguments of a sample's ``graph`` are read otherwise than row by row (``x[v]``: the reads
+    :func:`_row_read` makes reads of the union's input)."""
+    def row_read(user: fx.Node, x: fx.Node) -> bool:
+        return user.op == "call_function" and user.target is operator.getitem and not user.kwargs \
+            and user.args[0] is x and _reads_a_row(user.args[1], _tensor_info(x).shape[0] if _tensor_info(x).shape
+                                                   else 0)
+    return tuple(any(not row_read(user, x) for user in x.users) for x in graph.find_nodes(op="placeholder"))
 
 
 def _records(graph: fx.Graph) -> tuple[tuple, ...]:
@@ -152,9 +166,11 @@ class Layout:
     outputs: tuple[str, ...]
 
 
-def input_layout(shapes: Sequence[tuple[int, ...]], position: int) -> str:
-    """How the samples' tensor arguments at ``position`` (of ``shapes``) join: rows, or stacked scalars."""
-    if all(len(s) == 0 for s in shapes):
+def input_layout(shapes: Sequence[tuple[int, ...]], position: int, read_whole: bool = False) -> str:
+    """How the samples' tensor arguments at ``position`` (of ``shapes``) join: rows, or stacked (scalars, and
+    tensors of one shape that a sample reads as a whole: a target vector, a graph's global features, each a
+    row of the stack)."""
+    if all(len(s) == 0 for s in shapes) or read_whole and len(set(shapes)) == 1:
         return "stack"
     if all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1:
         return "cat"
@@ -167,7 +183,8 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
     arity = {len(s.inputs) for s in samples}
     if len({str(s.out_spec) for s in samples}) > 1 or len(arity) > 1:
         raise NotBatchable("samples return differently structured results or take different tensor arguments")
-    inputs_layout = tuple(input_layout([s.inputs[j].shape for s in samples], j) for j in range(arity.pop()))
+    inputs_layout = tuple(input_layout([s.inputs[j].shape for s in samples], j, any(s.read_whole[j] for s in samples))
+                          for j in range(arity.pop()))
     for j in range(len(inputs_layout)):
         kinds = {(s.inputs[j].dtype, s.inputs[j].device) for s in samples}
         if len(kinds) > 1:
@@ -180,7 +197,7 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
         node = graph.placeholder(f"input{j}")
         row = samples[0].inputs[j]
         rows = sum(s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples)
-        rest = row.shape[1:] if layout == "cat" else ()
+        rest = row.shape[1:] if layout == "cat" else row.shape
         node.meta["rel_info"] = TensorInfo((rows, *rest), row.dtype, row.device)
         union_inputs.append(node)
     leaves: list[list[fx.Node]] = []
@@ -311,14 +328,17 @@ def _row_read(op: str, target: Any, args: tuple, kwargs: dict, placeholders: dic
         return None
     base, index = args
     j = placeholders.get(base) if type(base) is _Slot else None
-    if j is None or layouts[j] != "cat":
+    if j is None or layouts[j] != "cat" or not _reads_a_row(index, sample.inputs[j].shape[0]):
         return None
-    first, rest = (index[0], index[1:]) if type(index) is tuple and index else (index, None)
-    n = sample.inputs[j].shape[0]
-    if type(first) is not int or not -n <= first < n:
-        return None
-    row = offsets[j] + first % n
+    first, rest = (index[0], index[1:]) if type(index) is tuple else (index, None)
+    row = offsets[j] + first % sample.inputs[j].shape[0]
     return j, row if rest is None else (row, *rest)
+
+
+def _reads_a_row(index: Any, rows: int) -> bool:
+    """Whether ``x[index]`` of an ``x`` of ``rows`` rows reads one row (``x[v]``, ``x[v, :4]``)."""
+    first = index[0] if type(index) is tuple and index else index
+    return type(first) is int and -rows <= first < rows
 
 
 def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int, ...]], j: int,

@@ -1144,3 +1144,36 @@ def test_element_reads_of_each_node_are_restricted_to_a_batch():
     for chosen in (order[:3], order[3:], order[1:8] + order[1:2]):
         assert_batches_match_eager(batched, model, [data[i] for i in chosen])
     assert batched.report.unbatched == 0, batched.report.unbatched_reason
+
+
+class _WithTargetAndGlobals(nn.Module):
+    """A per-graph model that reads two tensor arguments of one shape as a whole: the graph's global features
+    ``u`` (beside every node's state) and its regression target (the loss computed in ``forward``)."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.W, self.G = nn.Linear(features, 4, dtype=torch.float64), nn.Linear(3, 4, dtype=torch.float64)
+        self.out = nn.Linear(4, 2, dtype=torch.float64)
+
+    def forward(self, neighbours, x, u, target):
+        g = self.G(u)
+        h = [torch.tanh(self.W(x[v]) + g) for v in range(len(neighbours))]
+        h = [h[v] + sum(h[w] for w in around) for v, around in enumerate(neighbours)]
+        prediction = self.out(torch.stack(h).mean(0))
+        return prediction, ((prediction - target) ** 2).mean()
+
+
+def test_tensor_arguments_of_one_shape_read_as_a_whole_are_rows_of_a_stack():
+    """A graph's global features and its target, read whole (before, such samples ran one by one: their
+    arguments were joined along dim 0, whose rows the union reads one by one)."""
+    generator = torch.Generator().manual_seed(0)
+    data = [(neighbours, x, torch.randn(3, generator=generator, dtype=torch.float64),
+             torch.randn(2, generator=generator, dtype=torch.float64))
+            for neighbours, x in dataset("gcn", 10, dtype=torch.float64)]
+    model = _WithTargetAndGlobals(data[0][1].shape[1])
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    order = random.Random(2).sample(range(10), 10)
+    for chosen in (order[:4], order[4:], order[3:9] + order[3:4]):
+        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
