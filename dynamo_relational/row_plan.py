@@ -49,6 +49,7 @@ from .ops.along import values_or_indices
 from .ops.base import TensorInfo, value_info
 from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
+from .ops.losses import LOSS
 from .ops.matmul import linear_args, product_operands
 
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
@@ -724,6 +725,10 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if operands != [args[0]]:
             raise Refused(f"{_describe(node)}: an embedding of rows needs a shared table")
         return first   # each row's index looked up
+    if node.op == "call_function" and REGISTRY.family_of(node) is LOSS:
+        if LOSS.per_row(node):
+            return first
+        raise Refused(f"{_describe(node)}: a loss that reduces the rows of samples")
     if node.op == "call_function" and REGISTRY.family_of(node) is CELL:
         if any(a in analysis.rows for a in args[2:]):
             raise Refused(f"{_describe(node)}: recurrent cell weights must be shared")

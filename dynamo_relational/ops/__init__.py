@@ -1,6 +1,6 @@
 """The catalog of neuron ops the vectorizer can group (one family per module)."""
 from .base import REGISTRY, NeuronOp, OpFamily, TensorInfo, tensor_info
-from . import aggregate, along, cells, einsum, elementwise, matmul, reduce, reshape, select  # noqa: F401  (registration)
+from . import aggregate, along, cells, einsum, elementwise, losses, matmul, reduce, reshape, select  # noqa: F401  (registration)
 from .aggregate import aggregate as aggregate_fn
 
 __all__ = ["REGISTRY", "NeuronOp", "OpFamily", "TensorInfo", "tensor_info", "aggregate_fn", "describe"]

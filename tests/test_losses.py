@@ -1,0 +1,69 @@
+"""dynamo_relational/ops/losses.py: a loss at every node (the cross entropy of a node's scores and its label,
+an elementwise loss of its output and its target) groups into one loss per group, as eager computes it."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dynamo_relational
+from tests.helpers import assert_batches_match_eager, report_matching_eager
+
+
+class NodeLosses(nn.Module):
+    """The sum of a loss of every kind at every node (row ``v`` of ``x``, ``labels`` and ``targets``; a target
+    and a label that every node shares)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, x, labels, targets):
+        total = x.new_zeros(())
+        for v in range(x.shape[0]):
+            scores, label, target = self.lin(x[v]), labels[v], targets[v]
+            total = total + F.cross_entropy(scores, label) \
+                + F.cross_entropy(scores.unsqueeze(0), label.unsqueeze(0), reduction="sum", label_smoothing=0.1) \
+                + F.nll_loss(F.log_softmax(scores, 0), label) + F.cross_entropy(scores, torch.softmax(target, 0)) \
+                + F.mse_loss(scores, target) + F.l1_loss(scores, target, reduction="sum") \
+                + F.mse_loss(scores, x.new_zeros(3)) + F.cross_entropy(scores, x.new_ones((), dtype=torch.long)) \
+                + F.smooth_l1_loss(scores, target, beta=0.5) \
+                + F.binary_cross_entropy_with_logits(scores, torch.sigmoid(target), reduction="none").sum()
+        return total
+
+
+def _sample(rows: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, 4, generator=generator, dtype=torch.float64),
+            torch.randint(0, 3, (rows,), generator=generator),
+            torch.randn(rows, 3, generator=generator, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("front_end", ["fast", "backend"])
+def test_a_loss_at_every_node_groups_and_matches_eager(front_end):
+    torch.manual_seed(0)
+    report = report_matching_eager(front_end, NodeLosses(), *_sample(6))
+    assert not [reason for reason in report.ungrouped if "loss" in reason or "entropy" in reason], report.ungrouped
+
+
+def test_a_label_that_eager_ignores_gives_its_nan_in_the_group_too():
+    """``F.cross_entropy`` of one row whose label is ``ignore_index`` is ``0 / 0`` in eager."""
+    class Ignoring(nn.Module):
+        def forward(self, scores, labels):
+            return torch.stack([F.cross_entropy(scores[v] * 2, labels[v], ignore_index=1)
+                                for v in range(scores.shape[0])])
+
+    scores, labels = torch.randn(5, 3, dtype=torch.float64), torch.tensor([0, 1, 2, 1, 0])
+    got = dynamo_relational.compile(Ignoring(), (scores, labels), strict=True)(scores, labels)
+    torch.testing.assert_close(got, Ignoring()(scores, labels), equal_nan=True)
+    assert got.isnan().tolist() == [False, True, False, True, False]
+
+
+def test_a_loss_at_every_node_batches_over_samples_of_other_sizes():
+    torch.manual_seed(0)
+    model = NodeLosses()
+    data = [_sample(rows, seed) for seed, rows in enumerate((3, 5, 2, 4, 3))]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    for chosen in (data[::-1], data[1:4], [data[2]] * 2):
+        assert_batches_match_eager(batched, model, chosen)
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
