@@ -24,6 +24,11 @@ and 3 children never share a group. This pass rewrites
   ``p_j - m - log(z)``, with ``m`` the parts' n-ary maximum (detached: a
   softmax does not change with the shift, nor does its gradient) and ``z`` the
   n-ary sum of ``exp(p_j - m)``: the same formula as eager's kernel;
+* ``softmax`` / ``log_softmax`` within each row (``log_softmax(scores, 1)``) into the same on each part;
+* ``F.cross_entropy`` / ``F.nll_loss`` of a ragged value of one-row parts (a row of scores each) and a
+  label per row, reduced to a sum or mean, into each part's loss of its label ``labels[j]`` and their
+  n-ary sum (for a mean, divided by the n-ary count of labels that are not ``ignore_index``: eager's
+  ``sum(l_j) / count``), which the loss family groups across nodes;
 * ``S[j]`` of a stacked ragged value into its part ``j``;
 * ``rows @ a`` by a shared vector, and the layout ops within rows: ``x.unsqueeze(d)``,
   ``x[:, None]`` and ``cat([x, T.expand(k, ...)], d)`` (d > 0; a copy of one
@@ -61,6 +66,7 @@ from dynamo_relational.ops import REGISTRY, NeuronOp, TensorInfo, tensor_info
 from dynamo_relational.ops.base import node_args
 from dynamo_relational.ops.along import ALONG
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
+from dynamo_relational.ops.losses import LOSS, LossCall, loss_call
 from dynamo_relational.ops.facts import writes
 from dynamo_relational.ops.matmul import linear_args, product_operands
 from dynamo_relational.ops.reduce import REDUCE, reduced
@@ -70,6 +76,7 @@ from .context import PassContext
 
 #: the joins whose parts become a ragged value, with the name of their dimension argument
 _JOINS = {torch.cat: "dim", torch.concat: "dim", torch.concatenate: "axis"}
+_SOFTMAXES = {"softmax": torch.softmax, "log_softmax": torch.log_softmax}
 #: the reductions over rows that end a ragged value; amax and amin only over one-row parts
 _ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
 
@@ -116,6 +123,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     ragged: dict[fx.Node, _Ragged] = {}
     reductions: list[tuple[fx.Node, fx.Node, str, bool]] = []
     part_reads: list[tuple[fx.Node, fx.Node, int]] = []
+    losses: list[tuple[fx.Node, LossCall]] = []
     visited: set[fx.Node] = set()
     while pending:
         node = heapq.heappop(pending)[1]
@@ -134,10 +142,13 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         reduction = _row_reduction(node, ragged)
         if reduction is not None:
             reductions.append((node, *reduction))
+        loss = _row_loss(node, ragged)
+        if loss is not None:
+            losses.append((node, loss))
         part = _part_read(node, ragged)
         if part is not None:
             part_reads.append((node, *part))
-    read = [x for _, x, _, _ in reductions] + [x for _, x, _ in part_reads]
+    read = [x for _, x, _, _ in reductions] + [x for _, x, _ in part_reads] + [call.input for _, call in losses]
     if ctx.in_union:
         read += _read_whole_beside_own_values(ragged, set(read))
     needed = _reaching(read, ragged)
@@ -158,6 +169,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node, x, j in part_reads:
         node.replace_all_uses_with(live(parts[x])[j])
         graph.erase_node(node)
+    for node, call in losses:
+        _loss_of_parts(graph, node, live(parts[call.input]), ragged[call.input], call)
     for node in reversed(order):   # readers first
         if node.users and not ragged[node].joined:   # read elsewhere too: rows joined again for them
             with graph.inserting_after(node):
@@ -288,17 +301,24 @@ def _row_value(info: TensorInfo, layout: _Ragged, **fields) -> _Ragged | None:
 
 
 def _row_softmax(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
-    """The ragged value ``node`` makes, if it is a softmax or log_softmax over the rows (dim 0) of a ragged
-    floating value of one-row parts, in that value's dtype."""
+    """The ragged value ``node`` makes, if it is a softmax or log_softmax of a ragged floating value, in that
+    value's dtype: over the rows (dim 0) of one-row parts, or within each row (``log_softmax(scores, 1)``:
+    the same on each part, along its own dim)."""
     if REGISTRY.family_of(node) is not ALONG:
         return None
     op = ALONG.describe(node)
-    if not isinstance(op, NeuronOp) or op.template[0] not in ("softmax", "log_softmax") or op.template[1] != 0 \
+    if not isinstance(op, NeuronOp) or op.template[0] not in ("softmax", "log_softmax") \
             or op.template[2].get("dtype") is not None:
         return None
     x = op.operands[0]
     value = ragged.get(x)
-    if value is None or not value.one_row_parts() or not value.part.dtype.is_floating_point:
+    if value is None or not value.part.dtype.is_floating_point:
+        return None
+    dim = op.template[1]
+    if dim != 0:   # (dims counted in the ragged value; a stacked part lacks its first)
+        call = ("call_function", _SOFTMAXES[op.template[0]], (x, dim - value.stacked))
+        return _Ragged(value.k, value.part, stacked=value.stacked, call=call)
+    if not value.one_row_parts():
         return None
     return _Ragged(value.k, value.part, stacked=value.stacked, softmax=(op.template[0], x))
 
@@ -359,6 +379,45 @@ def _row_reduction(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.No
     return r.input, r.name, r.keepdim
 
 
+def _row_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> LossCall | None:
+    """The call if ``node`` is a class loss (``F.cross_entropy``, ``F.nll_loss``) of a ragged value of one-row
+    parts, each a row of scores, and a label per row (``labels[j]`` of an integer tensor of ``k`` labels),
+    reduced to its mean or sum."""
+    if REGISTRY.family_of(node) is not LOSS:
+        return None
+    call = loss_call(node)
+    if isinstance(call, str) or not call.classes or call.reduction == "none" or call.input not in ragged:
+        return None
+    value, labels = ragged[call.input], tensor_info(call.target)
+    if not value.one_row_parts() or value.part.rank != 1 + (not value.stacked) or call.target in ragged \
+            or labels is None or labels.shape != (value.k,) or labels.dtype.is_floating_point:
+        return None
+    return call
+
+
+def _loss_of_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, call: LossCall) -> None:
+    """Replace ``node``, a class loss over the rows of a ragged value, by the sum of each part's loss (its
+    row's, of ``labels[j]``), divided for a mean by the number of labels that count (not ``ignore_index``):
+    eager's mean, ``sum(l_j) / count``."""
+    make, info = _Maker(graph, node), tensor_info(node)
+    scores = TensorInfo(value.part.shape[-1:], value.part.dtype, value.part.device)
+    label = TensorInfo((), tensor_info(call.target).dtype, scores.device)
+    options = {**dict(call.passed), "reduction": "sum"}
+    with graph.inserting_before(node):
+        labels = [make("call_function", operator.getitem, label, call.target, j) for j in range(value.k)]
+        rows = parts if value.stacked else [make("call_method", "reshape", scores, p, scores.shape) for p in parts]
+        terms = [make("call_function", node.target, info, row, y, kwargs=options) for row, y in zip(rows, labels)]
+        total = make.aggregate("sum", terms, info)
+        if call.reduction == "mean":
+            flag = TensorInfo((), torch.bool, scores.device)
+            ignored = dict(call.passed).get("ignore_index", -100)
+            counts = [make("call_method", "to", info, make("call_function", torch.ne, flag, y, ignored), info.dtype)
+                      for y in labels]
+            total = make("call_function", operator.truediv, info, total, make.aggregate("sum", counts, info))
+    node.replace_all_uses_with(total)
+    graph.erase_node(node)
+
+
 def _read_whole_beside_own_values(ragged: dict[fx.Node, _Ragged], read: set[fx.Node]) -> list[fx.Node]:
     """In one sample of a union: the ragged values read as a whole (by the results, or by an op not split
     here) whose rows broadcast a value that the sample computes (``states + states.mean(0)``). Joined with
@@ -403,7 +462,7 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
                 return parts[a][j] if a in parts else value.reads.get(a, a)
             op, target, args = (node.op, node.target, node.args) if value.call is None else value.call
             args = fx.node.map_arg(args, operand)
-            kwargs = fx.node.map_arg(node.kwargs, operand)
+            kwargs = fx.node.map_arg(node.kwargs, operand) if value.call is None else {}   # (a call's are its args)
             part = new_node(graph, op, target, args, kwargs)
             part.meta.update(meta, rel_info=value.part)
             made.append(part)
@@ -416,8 +475,8 @@ class _Maker:
     def __init__(self, graph: fx.Graph, node: fx.Node):
         self.graph, self.meta = graph, _meta_without_value(node)
 
-    def __call__(self, kind: str, target, info: TensorInfo, *args) -> fx.Node:
-        made = new_node(self.graph, kind, target, args, {})
+    def __call__(self, kind: str, target, info: TensorInfo, *args, kwargs: dict | None = None) -> fx.Node:
+        made = new_node(self.graph, kind, target, args, kwargs or {})
         made.meta.update(self.meta, rel_info=info)
         return made
 

@@ -67,3 +67,36 @@ def test_a_loss_at_every_node_batches_over_samples_of_other_sizes():
     for chosen in (data[::-1], data[1:4], [data[2]] * 2):
         assert_batches_match_eager(batched, model, chosen)
     assert batched.report.unbatched == 0, batched.report.unbatched_reason
+
+
+class TreeLoss(nn.Module):
+    """A per-tree loss over every node's scores and label, as one call on the stacked scores."""
+
+    def __init__(self, style: str):
+        super().__init__()
+        self.W, self.out, self.style = nn.Linear(4, 5, dtype=torch.float64), nn.Linear(5, 3, dtype=torch.float64), style
+
+    def forward(self, children, x, labels):
+        h = [torch.zeros(5, dtype=torch.float64)] * len(children)
+        for v in reversed(range(len(children))):
+            h[v] = torch.tanh(self.W(x[v]) + sum((h[c] for c in children[v]), torch.zeros(5, dtype=torch.float64)))
+        scores = self.out(torch.stack(h))
+        if self.style == "nll":
+            return F.nll_loss(F.log_softmax(scores, dim=1), labels, ignore_index=2)
+        return F.cross_entropy(scores, labels, reduction=self.style, label_smoothing=0.2)
+
+
+@pytest.mark.parametrize("style", ["mean", "sum", "nll"])
+def test_a_loss_over_a_samples_stacked_scores_batches_as_each_nodes_loss(style):
+    """The loss of each part and their sum (over the labels that count, for a mean): the nodes' losses group
+    across samples; a sample's labels are rows of its argument."""
+    from examples.per_sample import dataset
+    torch.manual_seed(0)
+    data = [(children, x, torch.randint(0, 3, (x.shape[0],)))
+            for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
+    model = TreeLoss(style)
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    for chosen in (data[::-1], data[2:6]):
+        assert_batches_match_eager(batched, model, chosen)
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason

@@ -13,7 +13,7 @@ compute each row (each element) from that row alone; class weights and
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 import torch.fx as fx
@@ -39,26 +39,51 @@ _ELEMENTWISE: dict[Any, tuple[str, ...]] = {
 _PASSED = ("ignore_index", "label_smoothing", "beta")
 
 
+class LossCall(NamedTuple):
+    """A loss call's arguments, read and checked."""
+    input: fx.Node
+    target: fx.Node
+    #: ``"mean"``, ``"sum"`` or ``"none"``
+    reduction: str
+    #: the options of :data:`_PASSED` given, as (name, value)
+    passed: tuple
+    #: a class loss (scores and labels), not an elementwise one
+    classes: bool
+
+
+def loss_call(node: fx.Node) -> LossCall | str:
+    """The arguments of ``node``, a call of this family, or why a group cannot compute it row by row (class
+    weights, options that are not constants)."""
+    target = node.target
+    names = _CLASS.get(target) or _ELEMENTWISE.get(target)
+    args = node_args(node, names) if names is not None else None
+    if args is None:
+        return "a loss with unexpected arguments"
+    x, y = args.get("input"), args.get("target")
+    if not isinstance(x, fx.Node) or not isinstance(y, fx.Node):
+        return "a loss of values that are not tensors"
+    if any(args.get(name) is not None for name in ("weight", "pos_weight", "size_average", "reduce")):
+        return "a loss with class weights (its mean divides by them) or deprecated options"
+    reduction = args.get("reduction", "mean")
+    passed = tuple((name, args[name]) for name in _PASSED if name in args)
+    if reduction not in ("mean", "sum", "none") or not all(type(v) in (int, float) for _, v in passed):
+        return "a loss with options that are not constants"
+    return LossCall(x, y, reduction, passed, target in _CLASS)
+
+
 class Loss(OpFamily):
     name = "loss"
     fresh = True
 
     def describe(self, node: fx.Node) -> NeuronOp | str:
-        target = node.target
-        names = _CLASS.get(target) or _ELEMENTWISE.get(target)
-        args = node_args(node, names) if names is not None else None
-        if args is None:
-            return "a loss with unexpected arguments"
-        x, y = args.get("input"), args.get("target")
+        call = loss_call(node)
+        if isinstance(call, str):
+            return call
+        x, y, reduction, passed, _ = call
         xi, yi, info = tensor_info(x), tensor_info(y), tensor_info(node)
         if xi is None or yi is None or info is None:
             return "a loss of values that are not tensors"
-        if any(args.get(name) is not None for name in ("weight", "pos_weight", "size_average", "reduce")):
-            return "a loss with class weights (its mean divides by them) or deprecated options"
-        reduction = args.get("reduction", "mean")
-        passed = tuple((name, args[name]) for name in _PASSED if name in args)
-        if reduction not in ("mean", "sum", "none") or not all(type(v) in (int, float) for _, v in passed):
-            return "a loss with options that are not constants"
+        target = node.target
         if target in _CLASS:
             labels = not yi.dtype.is_floating_point
             one_row = (xi.rank == 1 and yi.rank == (0 if labels else 1)) or \
@@ -102,10 +127,8 @@ class Loss(OpFamily):
     def per_row(node: fx.Node) -> bool:
         """Whether ``node`` (a call of this family) computes each row of its result from that row of its
         operands alone: a loss without reduction and without weights."""
-        names = _CLASS.get(node.target) or _ELEMENTWISE.get(node.target)
-        args = node_args(node, names) if names is not None else None
-        return args is not None and args.get("reduction") == "none" and not any(
-            args.get(name) is not None for name in ("weight", "pos_weight", "size_average", "reduce"))
+        call = loss_call(node)
+        return not isinstance(call, str) and call.reduction == "none"
 
 
 LOSS = Loss()
