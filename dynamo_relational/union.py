@@ -116,8 +116,8 @@ def _read_whole(graph: fx.Graph) -> tuple[bool, ...]:
     :func:`_row_read` makes reads of the union's input)."""
     def row_read(user: fx.Node, x: fx.Node) -> bool:
         return user.op == "call_function" and user.target is operator.getitem and not user.kwargs \
-            and user.args[0] is x and _reads_a_row(user.args[1], _tensor_info(x).shape[0] if _tensor_info(x).shape
-                                                   else 0)
+            and user.args[0] is x and _read_row(user.args[1], _tensor_info(x).shape[0] if _tensor_info(x).shape
+                                                else 0) is not None
     return tuple(any(not row_read(user, x) for user in x.users) for x in graph.find_nodes(op="placeholder"))
 
 
@@ -300,8 +300,11 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
             return [value(leaf) for leaf in args[0]]
         row = _row_read(op, target, args, kwargs, placeholders, layouts, sample, offsets)
         if row is not None:
-            j, index = row
+            j, index, keeps_dim = row
             new = new_node(graph, "call_function", operator.getitem, (union_inputs[j], index), {}, f"{name}_s{s}")
+            if keeps_dim:   # x[v:v + 1]: the row read, given its dim back
+                new.meta.update(meta, **{SAMPLE: s})
+                new = new_node(graph, "call_method", "unsqueeze", (new, 0), {}, f"{name}_row_s{s}")
         else:
             # (a name of its own: fx's search for a free one grows with the copies of the same name)
             new = new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
@@ -321,24 +324,34 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
 
 
 def _row_read(op: str, target: Any, args: tuple, kwargs: dict, placeholders: dict[int, int], layouts: tuple[str, ...],
-              sample: SampleGraph, offsets: list[int]) -> tuple[int, Any] | None:
-    """``(position, index into the union's input)`` where a record reads one row of a tensor argument
-    (``x[v]``, ``x[v, :4]``); None otherwise."""
+              sample: SampleGraph, offsets: list[int]) -> tuple[int, Any, bool] | None:
+    """``(position, index into the union's input, keeps_dim)`` where a record reads one row of a tensor
+    argument (``x[v]``, ``x[v, :4]``; with ``keeps_dim``, ``x[v:v + 1]``: the same row as a one-row
+    tensor); None otherwise."""
     if op != "call_function" or target is not operator.getitem or kwargs:
         return None
     base, index = args
     j = placeholders.get(base) if type(base) is _Slot else None
-    if j is None or layouts[j] != "cat" or not _reads_a_row(index, sample.inputs[j].shape[0]):
+    if j is None or layouts[j] != "cat":
         return None
-    first, rest = (index[0], index[1:]) if type(index) is tuple else (index, None)
-    row = offsets[j] + first % sample.inputs[j].shape[0]
-    return j, row if rest is None else (row, *rest)
+    read = _read_row(index, sample.inputs[j].shape[0])
+    if read is None:
+        return None
+    row, rest, keeps_dim = read
+    row += offsets[j]
+    return j, row if rest is None else (row, *rest), keeps_dim
 
 
-def _reads_a_row(index: Any, rows: int) -> bool:
-    """Whether ``x[index]`` of an ``x`` of ``rows`` rows reads one row (``x[v]``, ``x[v, :4]``)."""
-    first = index[0] if type(index) is tuple and index else index
-    return type(first) is int and -rows <= first < rows
+def _read_row(index: Any, rows: int) -> tuple[int, tuple | None, bool] | None:
+    """``(row, the rest of the index or None, keeps_dim)`` if ``x[index]`` of an ``x`` of ``rows`` rows reads
+    one row: ``x[v]``, ``x[v, :4]``, or keeping its dim, ``x[v:v + 1]``, ``x[v:v + 1, :4]``."""
+    first, rest = (index[0], index[1:]) if type(index) is tuple and index else (index, None)
+    if type(first) is int and -rows <= first < rows:
+        return first % rows, rest, False
+    if type(first) is slice and first.step in (None, 1) and type(first.start) is int and 0 <= first.start < rows \
+            and first.stop == first.start + 1:
+        return first.start, rest, True
+    return None
 
 
 def _join_outputs(graph: fx.Graph, leaves: list[fx.Node], shapes: list[tuple[int, ...]], j: int,

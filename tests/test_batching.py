@@ -1177,3 +1177,34 @@ def test_tensor_arguments_of_one_shape_read_as_a_whole_are_rows_of_a_stack():
     for chosen in (order[:4], order[4:], order[3:9] + order[3:4]):
         assert_batches_match_eager(batched, model, [data[i] for i in chosen])
     assert batched.report.unbatched == 0, batched.report.unbatched_reason
+
+
+class _OneRowSlices(nn.Module):
+    """Per-node code that reads a node's row keeping its dim: ``x[v:v + 1]`` of the features, ``words[v:v + 1]``
+    of the word ids (an embedding's ``[1, d]``), a label as ``labels[v:v + 1]`` for a loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.W, self.E = nn.Linear(4, 3, dtype=torch.float64), nn.Embedding(10, 3, dtype=torch.float64)
+
+    def forward(self, children, x, words):
+        h: list = [None] * len(children)
+        for v in reversed(range(len(children))):
+            own = self.W(x[v:v + 1]) + self.E(words[v:v + 1])
+            own = own + F.cross_entropy(own, words[v:v + 1] % 3)
+            h[v] = torch.tanh(own + sum(h[c] for c in children[v])) if children[v] else own
+        return h[0]
+
+
+def test_one_row_slices_of_tensor_arguments_are_row_reads():
+    """``x[v:v + 1]`` is ``x[v]`` given its dim back: before, such reads made the union read each sample's
+    arguments as a whole, and the samples ran one by one."""
+    generator = torch.Generator().manual_seed(0)
+    data = [(children, x, torch.randint(0, 10, (x.shape[0],), generator=generator))
+            for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
+    model = _OneRowSlices()
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    for chosen in (data[::-1], data[2:6]):
+        assert_batches_match_eager(batched, model, chosen)
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
