@@ -140,3 +140,25 @@ def test_an_embedding_of_a_buffer_reads_the_buffers_value_on_every_call(front_en
     for which in (1, 2, 0):
         model.which.fill_(which)
         torch.testing.assert_close(compiled(x), model(x))
+
+
+class RowsKept(nn.Module):
+    """Each neuron reads its row kept two-dimensional, ``x[v:v + 1]`` (or, with ``sliced`` False, the same as
+    ``x[v].unsqueeze(0)``), beside its two neighbours' rows."""
+
+    def __init__(self, sliced: bool):
+        super().__init__()
+        self.lin, self.sliced = nn.Linear(8, 3, dtype=torch.float64), sliced
+
+    def forward(self, x):
+        def row(v):
+            return x[v:v + 1, 1:] if self.sliced else x[v, 1:].unsqueeze(0)
+        return torch.cat([self.lin(torch.cat([row(v), row((v + 1) % ROWS)], 1)) for v in range(ROWS)])
+
+
+@pytest.mark.parametrize("front_end", ["fast", "backend"])
+def test_a_row_kept_two_dimensional_groups_as_the_row_read(front_end):
+    """``x[v:v + 1]`` is ``x[v, None]``: one gather for all neurons, not a slice group per row."""
+    x = torch.randn(ROWS, 5, dtype=torch.float64)
+    sliced, indexed = (report_matching_eager(front_end, RowsKept(s), x) for s in (True, False))
+    assert sliced.groups <= indexed.groups, (sliced.groups, indexed.groups)

@@ -2,7 +2,8 @@
 
 Members must read the same tensor with the same number of integer indices,
 followed by the same constant basic indices (slices ``x[i, :4]``, ``...``,
-``None``); the integer indices differ per member and become a constant index
+``None``; a row kept two-dimensional, ``x[i:i + 1]``, is ``x[i, None]``); the
+integer indices differ per member and become a constant index
 tensor: ``index_select(x, 0, idx)`` for one index, advanced indexing
 ``x[idx0, idx1]`` for more, then the shared slices apply after the member
 dimension. Indexing a neuron's value by constants only (``h[1:3]``,
@@ -46,7 +47,10 @@ class Select(OpFamily):
                 return f"index {index} out of range for dimension 0 of size {size}"
             return NeuronOp(node, self, (self.name, src, 1, (), info), (source,), info, (index % size,), ())
         parts = index if isinstance(index, tuple) else (index,)
-        if parts and all(isinstance(p, slice) for p in parts) and len(parts) <= src.rank:
+        first = parts[0] if parts else None
+        if isinstance(first, slice) and _one_row(first, src.shape[0] if src.rank else 0):   # x[a:a + 1]: x[a, None]
+            parts = (first.start, None, *parts[1:])
+        elif parts and all(isinstance(p, slice) for p in parts) and len(parts) <= src.rank:
             return SLICE.describe_slices(node, source, src, parts, info)
         if isinstance(index, (list, fx.Node)):   # (fx keeps lists as immutable_list)
             return SLICE.describe_constant_index(node, source, index, info)
@@ -134,6 +138,12 @@ def _constant_index(node) -> tuple[int, tuple] | None:
                 and value.dtype in (torch.long, torch.int)):
             return int(value.reshape(())), tuple(value.shape)
     return None
+
+
+def _one_row(part: slice, rows: int) -> bool:
+    """Whether ``part`` indexes one row of ``rows`` keeping the dim: ``a:a + 1``."""
+    return part.step in (None, 1) and type(part.start) is int and 0 <= part.start < rows \
+        and part.stop == part.start + 1
 
 
 def _basic_constant(part) -> bool:
