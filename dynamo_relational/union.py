@@ -91,7 +91,7 @@ class SampleGraph:
     #: the shapes of its tensor output leaves, in order
     output_shapes: tuple[tuple[int, ...], ...]
     #: per tensor argument: whether it is read as a whole (a target vector), not only row by row (``x[v]``)
-    read_whole: tuple[bool, ...] = ()
+    read_whole: tuple[bool, ...]
 
 
 def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any],
@@ -114,11 +114,13 @@ def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[in
 def _read_whole(graph: fx.Graph) -> tuple[bool, ...]:
     """Which tensor arguments of a sample's ``graph`` are read otherwise than row by row (``x[v]``: the reads
     :func:`_row_read` makes reads of the union's input)."""
-    def row_read(user: fx.Node, x: fx.Node) -> bool:
-        return user.op == "call_function" and user.target is operator.getitem and not user.kwargs \
-            and user.args[0] is x and _read_row(user.args[1], _tensor_info(x).shape[0] if _tensor_info(x).shape
-                                                else 0) is not None
-    return tuple(any(not row_read(user, x) for user in x.users) for x in graph.find_nodes(op="placeholder"))
+    whole = []
+    for x in graph.find_nodes(op="placeholder"):
+        shape = _tensor_info(x).shape
+        rows = shape[0] if shape else 0
+        whole.append(any(user.op != "call_function" or user.target is not operator.getitem or user.kwargs
+                         or user.args[0] is not x or _read_row(user.args[1], rows) is None for user in x.users))
+    return tuple(whole)
 
 
 def _records(graph: fx.Graph) -> tuple[tuple, ...]:

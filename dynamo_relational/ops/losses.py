@@ -35,7 +35,7 @@ _ELEMENTWISE: dict[Any, tuple[str, ...]] = {
     F.binary_cross_entropy_with_logits: ("input", "target", "weight", "size_average", "reduce", "reduction",
                                          "pos_weight"),
 }
-#: the options a group passes on as they are (the same for every member); the others must be absent
+#: the options a group passes on as they are (part of its key: the same for every member)
 _PASSED = ("ignore_index", "label_smoothing", "beta")
 
 
