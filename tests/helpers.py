@@ -8,6 +8,7 @@ import contextlib
 import copy
 import itertools
 import logging
+import random
 from unittest import mock
 
 import torch
@@ -318,6 +319,19 @@ def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], th
     want_grads = torch.autograd.grad(sum((w * c).sum() for w, c in zip(want, weights)), wrt)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
+
+
+def assert_shuffled_batches_match_eager(model: nn.Module, data: list[tuple], seed: int = 0):
+    """``batch(model)`` over ``data`` against eager: traced first (the eager calls), then from the grouped union
+    over shuffled halves and a batch that repeats a sample, never one by one. Returns the batched module."""
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    order = random.Random(seed).sample(range(len(data)), len(data))
+    half = len(data) // 2
+    for chosen in (order[:half], order[half:], order[1:-1] + order[1:2]):
+        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
+    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+    return batched
 
 
 def assert_rows_batch_as_eager(model: nn.Module, through_union: bool = True, width: int = 3):

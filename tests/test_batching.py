@@ -21,8 +21,8 @@ import dynamo_relational
 from dynamo_relational import tracing_patches
 from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MODELS, TreeLSTM, TreeRNN, dataset
-from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager, traced_per_sample,
-                           warnings_logged)
+from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager,
+                           assert_shuffled_batches_match_eager, traced_per_sample, warnings_logged)
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind):
@@ -1101,13 +1101,7 @@ def test_numbers_of_each_nodes_structure_are_restricted_to_a_batch():
     """The vectorizer makes a column of such numbers, one row per member: a batch reads the rows of its
     samples (before, the union refused to read such a column as data, and every batch ran one by one)."""
     data = dataset("gcn", 10, dtype=torch.float64)
-    model = _NumbersPerNode(data[0][1].shape[1])
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
-    order = random.Random(0).sample(range(10), 10)
-    for chosen in (order[:4], order[4:], order[2:9] + order[2:3]):
-        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
-    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+    assert_shuffled_batches_match_eager(_NumbersPerNode(data[0][1].shape[1]), data)
 
 
 class _ElementReads(nn.Module):
@@ -1137,13 +1131,7 @@ def test_element_reads_of_each_node_are_restricted_to_a_batch():
     tensor), with index tensors as the columns: one gather of the rows flattened over the indexed dims, which a
     batch restricts (before, every batch of such a model ran one by one)."""
     data = dataset("gcn", 10, dtype=torch.float64)
-    model = _ElementReads(data[0][1].shape[1])
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
-    order = random.Random(1).sample(range(10), 10)
-    for chosen in (order[:3], order[3:], order[1:8] + order[1:2]):
-        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
-    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+    assert_shuffled_batches_match_eager(_ElementReads(data[0][1].shape[1]), data, seed=1)
 
 
 class _WithTargetAndGlobals(nn.Module):
@@ -1170,13 +1158,7 @@ def test_tensor_arguments_of_one_shape_read_as_a_whole_are_rows_of_a_stack():
     data = [(neighbours, x, torch.randn(3, generator=generator, dtype=torch.float64),
              torch.randn(2, generator=generator, dtype=torch.float64))
             for neighbours, x in dataset("gcn", 10, dtype=torch.float64)]
-    model = _WithTargetAndGlobals(data[0][1].shape[1])
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
-    order = random.Random(2).sample(range(10), 10)
-    for chosen in (order[:4], order[4:], order[3:9] + order[3:4]):
-        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
-    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+    assert_shuffled_batches_match_eager(_WithTargetAndGlobals(data[0][1].shape[1]), data, seed=2)
 
 
 class _OneRowSlices(nn.Module):
@@ -1202,9 +1184,4 @@ def test_one_row_slices_of_tensor_arguments_are_row_reads():
     generator = torch.Generator().manual_seed(0)
     data = [(children, x, torch.randint(0, 10, (x.shape[0],), generator=generator))
             for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
-    model = _OneRowSlices()
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
-    for chosen in (data[::-1], data[2:6]):
-        assert_batches_match_eager(batched, model, chosen)
-    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+    assert_shuffled_batches_match_eager(_OneRowSlices(), data)

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
-from tests.helpers import assert_batches_match_eager, report_matching_eager
+from tests.helpers import assert_shuffled_batches_match_eager, report_matching_eager
 
 
 class NodeLosses(nn.Module):
@@ -60,13 +60,8 @@ def test_a_label_that_eager_ignores_gives_its_nan_in_the_group_too():
 
 def test_a_loss_at_every_node_batches_over_samples_of_other_sizes():
     torch.manual_seed(0)
-    model = NodeLosses()
     data = [_sample(rows, seed) for seed, rows in enumerate((3, 5, 2, 4, 3))]
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
-    for chosen in (data[::-1], data[1:4], [data[2]] * 2):
-        assert_batches_match_eager(batched, model, chosen)
-    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+    assert_shuffled_batches_match_eager(NodeLosses(), data)
 
 
 class TreeLoss(nn.Module):
@@ -94,9 +89,4 @@ def test_a_loss_over_a_samples_stacked_scores_batches_as_each_nodes_loss(style):
     torch.manual_seed(0)
     data = [(children, x, torch.randint(0, 3, (x.shape[0],)))
             for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
-    model = TreeLoss(style)
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
-    for chosen in (data[::-1], data[2:6]):
-        assert_batches_match_eager(batched, model, chosen)
-    assert batched.report.unbatched == 0, batched.report.unbatched_reason
+    assert_shuffled_batches_match_eager(TreeLoss(style), data)
