@@ -374,7 +374,7 @@ class _Analysis:
             self.shared.add(node)
             return
         layouts = [self.rows[a] for a in with_rows]
-        if _is_elementwise(node) and not all(r.same_as(layouts[0]) for r in layouts[1:]):
+        if _pairs_rows(node) and not all(r.same_as(layouts[0]) for r in layouts[1:]):
             with_rows = [self._relayout(node, a) if type(self.rows[a]) is CatRows else a for a in with_rows]
             layouts = [self.rows[a] for a in with_rows]
         rows = _row_wise(node, layouts, with_rows, self)
@@ -725,13 +725,13 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if operands != [args[0]]:
             raise Refused(f"{_describe(node)}: an embedding of rows needs a shared table")
         return first   # each row's index looked up
-    if node.op == "call_function" and REGISTRY.family_of(node) is LOSS:
-        if LOSS.per_row(node):
-            return first
-        raise Refused(f"{_describe(node)}: a loss that reduces the rows of samples")
-    if node.op == "call_function" and REGISTRY.family_of(node) is CELL:
-        if any(a in analysis.rows for a in args[2:]):
+    if node.op == "call_function" and REGISTRY.family_of(node) in (LOSS, CELL):
+        if any(not isinstance(a, fx.Node) or a not in analysis.rows for a in args[:2]):
+            raise Refused(f"{_describe(node)}: rows of samples beside a shared value's rows")
+        if REGISTRY.family_of(node) is CELL and any(a in analysis.rows for a in args[2:]):
             raise Refused(f"{_describe(node)}: recurrent cell weights must be shared")
+        if REGISTRY.family_of(node) is LOSS and not LOSS.per_row(node):
+            raise Refused(f"{_describe(node)}: a loss that reduces the rows of samples")
         return first
     if node.op == "call_function" and target is operator.getitem:
         if _reads_every_row(args[1]):
@@ -791,6 +791,12 @@ def _reads_every_row(index: Any) -> bool:
 
 def _is_elementwise(node: fx.Node) -> bool:
     return REGISTRY.family_of(node) is ELEMENTWISE
+
+
+def _pairs_rows(node: fx.Node) -> bool:
+    """Whether ``node`` computes row ``i`` from row ``i`` of each of its operands with rows (elementwise ops, a
+    recurrent cell's input and state, a loss's scores and labels), which must then be laid out alike."""
+    return REGISTRY.family_of(node) in (ELEMENTWISE, CELL, LOSS)
 
 
 def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:

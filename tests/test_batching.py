@@ -1185,3 +1185,35 @@ def test_one_row_slices_of_tensor_arguments_are_row_reads():
     data = [(children, x, torch.randint(0, 10, (x.shape[0],), generator=generator))
             for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
     assert_shuffled_batches_match_eager(_OneRowSlices(), data)
+
+
+class _Sequence(nn.Module):
+    """A sentence of any length through a recurrent cell, one token per step, from a zero state made in
+    ``forward``: an ``nn.GRUCell`` on one-dimensional states (or an ``nn.LSTMCell`` on ``[1, d]`` ones, read
+    by ``tokens[t:t + 1]``), then a classifier of the last state or of the states' maximum."""
+
+    def __init__(self, cell: str):
+        super().__init__()
+        self.emb, self.out = nn.Embedding(20, 6, dtype=torch.float64), nn.Linear(6, 2, dtype=torch.float64)
+        self.cell = (nn.GRUCell if cell == "gru" else nn.LSTMCell)(6, 6, dtype=torch.float64)
+
+    def forward(self, tokens):
+        if isinstance(self.cell, nn.GRUCell):
+            h, states = torch.zeros(6, dtype=torch.float64), []
+            for t in range(tokens.shape[0]):
+                h = self.cell(self.emb(tokens[t]), h)
+                states.append(h)
+            return self.out(torch.stack(states).max(0).values)
+        h = c = torch.zeros(1, 6, dtype=torch.float64)
+        for t in range(tokens.shape[0]):
+            h, c = self.cell(self.emb(tokens[t:t + 1]), (h, c))
+        return F.log_softmax(self.out(h), dim=1)
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_sentences_of_other_lengths_through_a_recurrent_cell_batch(cell):
+    """Each sample's zero state, a constant of its trace, is one node of the union where the samples' are
+    equal (before, every sample's first step read its own constant: a state beside the rows, one by one)."""
+    generator = torch.Generator().manual_seed(0)
+    data = [(torch.randint(0, 20, (length,), generator=generator),) for length in (3, 7, 5, 9, 4, 6, 8, 5)]
+    assert_shuffled_batches_match_eager(_Sequence(cell), data)

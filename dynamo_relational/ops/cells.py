@@ -5,7 +5,7 @@ A member's input ``[B, F]`` and state ``[B, H]`` (``B`` is 1 for one neuron's
 row) become ``[k * B, F]`` and ``[k * B, H]``: one call of the cell for the
 group, with the weights it shares, reshaped back to ``[k, B, H]``. Legal
 because a cell computes each row of its batch from that row alone. A state
-shared by every member (zeros to start with) is broadcast to every row.
+shared by every member (zeros to start with) is gathered, a copy per member.
 """
 from __future__ import annotations
 
@@ -44,13 +44,13 @@ class Cell(OpFamily):
         if any(varies for _, varies in weights) or not (x_varies or state_varies):
             return None   # the members' own weights, or one cell for every member (merged, not batched)
 
-        def batch_rows(value, varies: bool, width: int) -> fx.Node:   # [k * rows, width]
-            if not varies:
-                value = g.call_method("expand", (value, (k, rows, width)))
+        def batch_rows(j: int, value, varies: bool, width: int) -> fx.Node:   # [k * rows, width]
+            if not varies:   # (a state every member starts from: a row per member, which a batch restricts)
+                value = b.gather([m.operands[j] for m in members])
             return g.call_method("reshape", (value, (k * rows, width)))
 
-        out = g.call_function(first.node.target, (batch_rows(x, x_varies, features),
-                                                  batch_rows(state, state_varies, hidden), *(w for w, _ in weights)))
+        out = g.call_function(first.node.target, (batch_rows(0, x, x_varies, features),
+                                                  batch_rows(1, state, state_varies, hidden), *(w for w, _ in weights)))
         return g.call_method("reshape", (out, (k, rows, hidden)))
 
 
