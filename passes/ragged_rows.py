@@ -28,7 +28,8 @@ and 3 children never share a group. This pass rewrites
 * ``F.cross_entropy`` / ``F.nll_loss`` of a ragged value of one-row parts (a row of scores each) and a
   label per row, reduced to a sum or mean, into each part's loss of its label ``labels[j]`` and their
   n-ary sum (for a mean, divided by the n-ary count of labels that are not ``ignore_index``: eager's
-  ``sum(l_j) / count``), which the loss family groups across nodes;
+  ``sum(l_j) / count``), which the loss family groups across nodes; without reduction, the losses are a
+  ragged value, part ``j`` the loss of ``labels[j]``;
 * ``S[j]`` of a stacked ragged value into its part ``j``;
 * ``rows @ a`` by a shared vector, and the layout ops within rows: ``x.unsqueeze(d)``,
   ``x[:, None]`` and ``cat([x, T.expand(k, ...)], d)`` (d > 0; a copy of one
@@ -97,6 +98,8 @@ class _Ragged:
     #: the call on each part where it is not the node's own: (op, target, args) (a dimension counted without the
     #: rows' in a stacked part, a new axis as a reshape)
     call: tuple | None = None
+    #: non-ragged operands of which part ``j`` reads row ``j`` (the labels of a loss per row)
+    indexed: tuple = ()
 
     def one_row_parts(self) -> bool:
         return self.stacked or self.part.shape[0] == 1
@@ -132,7 +135,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         visited.add(node)
         found = _join(node)
         if found is None:
-            found = _row_wise(node, ragged) or _row_layout(node, ragged) or _row_softmax(node, ragged)
+            found = _row_wise(node, ragged) or _row_layout(node, ragged) or _row_softmax(node, ragged) \
+                or _loss_per_row(node, ragged)
         if found is not None:
             ragged[node] = found
             for user in node.users:
@@ -379,20 +383,38 @@ def _row_reduction(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.No
     return r.input, r.name, r.keepdim
 
 
-def _row_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> LossCall | None:
+def _loss_per_row(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
+    """The ragged value ``node`` makes, if it is a class loss of stacked rows of scores and a label per row
+    without reduction (``F.cross_entropy(scores, labels, reduction="none")``): part ``j`` the loss of part
+    ``j`` of the scores and ``labels[j]``."""
+    call, info = _class_loss(node, ragged, "none"), tensor_info(node)
+    if call is None or info is None or not ragged[call.input].stacked:
+        return None
+    return _Ragged(ragged[call.input].k, TensorInfo(info.shape[1:], info.dtype, info.device), stacked=True,
+                   indexed=(call.target,))
+
+
+def _class_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged], *reductions: str) -> LossCall | None:
     """The call if ``node`` is a class loss (``F.cross_entropy``, ``F.nll_loss``) of a ragged value of one-row
-    parts, each a row of scores, and a label per row (``labels[j]`` of an integer tensor of ``k`` labels),
-    reduced to its mean or sum."""
+    parts, each a row of scores, and a label per row (an integer tensor of ``k`` labels), reduced as one of
+    ``reductions``."""
     if REGISTRY.family_of(node) is not LOSS:
         return None
     call = loss_call(node)
-    if isinstance(call, str) or not call.classes or call.reduction == "none" or call.input not in ragged:
+    if isinstance(call, str) or not call.classes or call.reduction not in reductions or call.input not in ragged:
         return None
     value, labels = ragged[call.input], tensor_info(call.target)
     if not value.one_row_parts() or value.part.rank != 1 + (not value.stacked) or call.target in ragged \
             or labels is None or labels.shape != (value.k,) or labels.dtype.is_floating_point:
         return None
     return call
+
+
+def _row_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> LossCall | None:
+    """The call if ``node`` is a class loss (``F.cross_entropy``, ``F.nll_loss``) of a ragged value of one-row
+    parts, each a row of scores, and a label per row (``labels[j]`` of an integer tensor of ``k`` labels),
+    reduced to its mean or sum."""
+    return _class_loss(node, ragged, "mean", "sum")
 
 
 def _loss_of_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, call: LossCall) -> None:
@@ -427,7 +449,8 @@ def _read_whole_beside_own_values(ragged: dict[fx.Node, _Ragged], read: set[fx.N
     left out.)"""
     return [node for node in ragged if node not in read and any(user not in ragged for user in node.users) and any(
         source.op != "get_attr" for value in _reaching([node], ragged)
-        for operand, copied in ragged[value].reads.items() for source in (operand, copied))]
+        for operand, copied in ragged[value].reads.items() for source in (operand, copied)) or any(
+        ragged[value].indexed for value in _reaching([node], ragged))]
 
 
 def _reaching(read: list[fx.Node], ragged: dict[fx.Node, _Ragged]) -> dict[fx.Node, None]:
@@ -459,6 +482,10 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
     with graph.inserting_before(node):
         for j in range(value.k):
             def operand(a, j=j):
+                if a in value.indexed:
+                    row = new_node(graph, "call_function", operator.getitem, (a, j), {})
+                    row.meta.update(meta, rel_info=_row_info(a))
+                    return row
                 return parts[a][j] if a in parts else value.reads.get(a, a)
             op, target, args = (node.op, node.target, node.args) if value.call is None else value.call
             args = fx.node.map_arg(args, operand)
@@ -520,6 +547,12 @@ def _softmax_parts(graph: fx.Graph, node: fx.Node, value: _Ragged, scores: list)
             return [make("call_function", operator.truediv, row, e, total) for e in exps]
         log_total = make("call_function", torch.log, row, total)
         return [make("call_function", operator.sub, row, s, log_total) for s in shifted]
+
+
+def _row_info(node: fx.Node) -> TensorInfo | None:
+    """What one row of ``node`` is like."""
+    info = tensor_info(node)
+    return None if info is None else TensorInfo(info.shape[1:], info.dtype, info.device)
 
 
 def _meta_without_value(node: fx.Node) -> dict:

@@ -81,10 +81,11 @@ class TreeLoss(nn.Module):
         return F.cross_entropy(scores, labels, reduction=self.style, label_smoothing=0.2)
 
 
-@pytest.mark.parametrize("style", ["mean", "sum", "nll"])
+@pytest.mark.parametrize("style", ["mean", "sum", "none", "nll"])
 def test_a_loss_over_a_samples_stacked_scores_batches_as_each_nodes_loss(style):
-    """The loss of each part and their sum (over the labels that count, for a mean): the nodes' losses group
-    across samples; a sample's labels are rows of its argument."""
+    """The loss of each part and their sum (over the labels that count, for a mean; without reduction, each
+    node's loss as a row of the result): the nodes' losses group across samples; a sample's labels are rows of
+    its argument."""
     from examples.per_sample import dataset
     torch.manual_seed(0)
     data = [(children, x, torch.randint(0, 3, (x.shape[0],)))
