@@ -12,7 +12,9 @@ and 3 children never share a group. This pass rewrites
 * a row-wise op of ragged operands with k parts of r rows each (elementwise ops,
   ``F.linear`` and ``@`` by a shared matrix) into that op on each part; its
   other operands must broadcast along the rows: fewer dimensions, one row, or
-  ``T.repeat(k, 1)`` / ``T.expand(k, d)`` of a one-row ``T`` (read as ``T``);
+  ``T.repeat(k, 1)`` / ``T.expand(k, d)`` of a one-row ``T`` (read as ``T``),
+  or, for an elementwise op of stacked parts, have a row per part
+  (``torch.stack(h) - targets``: part ``j`` reads ``targets[j]``);
 * ``S = stack(parts, 0)`` of parts of one shape (any rank: a node's scores, one
   number per neighbour) likewise, each part one row of ``S``;
 * ``sum``, ``mean`` (and, for one-row parts, ``amax`` / ``amin``) over dim 0 of
@@ -29,7 +31,8 @@ and 3 children never share a group. This pass rewrites
   label per row, reduced to a sum or mean, into each part's loss of its label ``labels[j]`` and their
   n-ary sum (for a mean, divided by the n-ary count of labels that are not ``ignore_index``: eager's
   ``sum(l_j) / count``), which the loss family groups across nodes; without reduction, the losses are a
-  ragged value, part ``j`` the loss of ``labels[j]``;
+  ragged value, part ``j`` the loss of ``labels[j]``; likewise an elementwise loss (``F.mse_loss``) of
+  stacked parts and a target row per part (its mean: the sum over the parts' elements);
 * ``S[j]`` of a stacked ragged value into its part ``j``;
 * ``rows @ a`` by a shared vector, and the layout ops within rows: ``x.unsqueeze(d)``,
   ``x[:, None]`` and ``cat([x, T.expand(k, ...)], d)`` (d > 0; a copy of one
@@ -217,7 +220,8 @@ def _join(node: fx.Node) -> _Ragged | None:
 
 def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
     """The ragged value ``node`` makes, if it is a row-wise op of ragged operands of one layout (k parts
-    of the same number of rows) and of operands that broadcast along the rows."""
+    of the same number of rows) and of operands that broadcast along the rows, or, for an elementwise op of
+    stacked parts, that have a row per part (``torch.stack(h) - targets``: part ``j`` reads ``targets[j]``)."""
     info = tensor_info(node)
     if info is None or info.rank < 1 or writes(node):
         return None
@@ -248,11 +252,19 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
            for a in rowed) \
             or info.shape[0] != first.k * rows or (not stacked and info.rank < 2):
         return None
-    reads = {a: _broadcast_source(a, info, stacked) for a in broadcast}
-    if any(source is None for source in reads.values()):
-        return None
+    reads, indexed = {}, []
+    for a in broadcast:
+        source = _broadcast_source(a, info, stacked)
+        a_info = tensor_info(a)
+        if source is not None:
+            reads[a] = source
+        elif stacked and a_info is not None and a_info.rank == info.rank and a_info.shape[0] == first.k:
+            indexed.append(a)   # a row per part (a target per node): part j reads a[j]
+        else:
+            return None
     part = info.shape[1:] if stacked else (rows, *info.shape[1:])
-    return _Ragged(first.k, TensorInfo(part, info.dtype, info.device), stacked=stacked, reads=reads)
+    return _Ragged(first.k, TensorInfo(part, info.dtype, info.device), stacked=stacked, reads=reads,
+                   indexed=tuple(indexed))
 
 
 def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
@@ -395,17 +407,23 @@ def _loss_per_row(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | No
 
 
 def _class_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged], *reductions: str) -> LossCall | None:
-    """The call if ``node`` is a class loss (``F.cross_entropy``, ``F.nll_loss``) of a ragged value of one-row
-    parts, each a row of scores, and a label per row (an integer tensor of ``k`` labels), reduced as one of
-    ``reductions``."""
+    """The call if ``node`` is a loss reduced as one of ``reductions`` of a ragged value and a target row per
+    part: a class loss (``F.cross_entropy``, ``F.nll_loss``) of one-row parts, each a row of scores, and an
+    integer tensor of ``k`` labels, or an elementwise loss (``F.mse_loss``, ...) of stacked parts and a target
+    of their shape (``targets[j]`` part ``j``'s)."""
     if REGISTRY.family_of(node) is not LOSS:
         return None
     call = loss_call(node)
-    if isinstance(call, str) or not call.classes or call.reduction not in reductions or call.input not in ragged:
+    if isinstance(call, str) or call.reduction not in reductions or call.input not in ragged \
+            or call.target in ragged:
         return None
-    value, labels = ragged[call.input], tensor_info(call.target)
-    if not value.one_row_parts() or value.part.rank != 1 + (not value.stacked) or call.target in ragged \
-            or labels is None or labels.shape != (value.k,) or labels.dtype.is_floating_point:
+    value, target, info = ragged[call.input], tensor_info(call.target), tensor_info(call.input)
+    if target is None or info is None:
+        return None
+    if not call.classes:
+        return call if value.stacked and target.shape == info.shape and reductions != ("none",) else None
+    if not value.one_row_parts() or value.part.rank != 1 + (not value.stacked) \
+            or target.shape != (value.k,) or target.dtype.is_floating_point:
         return None
     return call
 
@@ -418,19 +436,22 @@ def _row_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> LossCall | None:
 
 
 def _loss_of_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, call: LossCall) -> None:
-    """Replace ``node``, a class loss over the rows of a ragged value, by the sum of each part's loss (its
-    row's, of ``labels[j]``), divided for a mean by the number of labels that count (not ``ignore_index``):
-    eager's mean, ``sum(l_j) / count``."""
+    """Replace ``node``, a loss over the rows of a ragged value, by the sum of each part's loss (of its
+    target row ``targets[j]``), divided for a mean by the number of labels that count (not ``ignore_index``:
+    eager's mean, ``sum(l_j) / count``), or of an elementwise loss's elements."""
     make, info = _Maker(graph, node), tensor_info(node)
-    scores = TensorInfo(value.part.shape[-1:], value.part.dtype, value.part.device)
-    label = TensorInfo((), tensor_info(call.target).dtype, scores.device)
+    scores = TensorInfo(value.part.shape[-1:] if call.classes else value.part.shape, value.part.dtype,
+                        value.part.device)
+    target = _row_info(call.target)
     options = {**dict(call.passed), "reduction": "sum"}
     with graph.inserting_before(node):
-        labels = [make("call_function", operator.getitem, label, call.target, j) for j in range(value.k)]
+        labels = [make("call_function", operator.getitem, target, call.target, j) for j in range(value.k)]
         rows = parts if value.stacked else [make("call_method", "reshape", scores, p, scores.shape) for p in parts]
         terms = [make("call_function", node.target, info, row, y, kwargs=options) for row, y in zip(rows, labels)]
         total = make.aggregate("sum", terms, info)
-        if call.reduction == "mean":
+        if call.reduction == "mean" and not call.classes:
+            total = make("call_function", operator.truediv, info, total, value.k * scores.numel)
+        elif call.reduction == "mean":
             flag = TensorInfo((), torch.bool, scores.device)
             ignored = dict(call.passed).get("ignore_index", -100)
             counts = [make("call_method", "to", info, make("call_function", torch.ne, flag, y, ignored), info.dtype)

@@ -91,3 +91,33 @@ def test_a_loss_over_a_samples_stacked_scores_batches_as_each_nodes_loss(style):
     data = [(children, x, torch.randint(0, 3, (x.shape[0],)))
             for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
     assert_shuffled_batches_match_eager(TreeLoss(style), data)
+
+
+class TreeRegression(nn.Module):
+    """A per-tree regression of every node's output on its target row (``targets[j]``: a ``[nodes, 2]``
+    argument), by a loss or written out."""
+
+    def __init__(self, style: str):
+        super().__init__()
+        self.W, self.out, self.style = nn.Linear(4, 5, dtype=torch.float64), nn.Linear(5, 2, dtype=torch.float64), style
+
+    def forward(self, children, x, targets):
+        h = [torch.zeros(5, dtype=torch.float64)] * len(children)
+        for v in reversed(range(len(children))):
+            h[v] = torch.tanh(self.W(x[v]) + sum((h[c] for c in children[v]), torch.zeros(5, dtype=torch.float64)))
+        predictions = self.out(torch.stack(h))
+        if self.style == "mse":
+            return F.mse_loss(predictions, targets)
+        if self.style == "l1 sum":
+            return F.l1_loss(predictions, targets, reduction="sum")
+        errors = predictions - targets   # (a row per part: part j reads targets[j])
+        return (errors ** 2).sum(0) if self.style == "written out" else errors.abs()
+
+
+@pytest.mark.parametrize("style", ["mse", "l1 sum", "written out", "per node"])
+def test_a_regression_on_a_samples_target_rows_batches(style):
+    from examples.per_sample import dataset
+    generator = torch.Generator().manual_seed(0)
+    data = [(children, x, torch.randn(x.shape[0], 2, generator=generator, dtype=torch.float64))
+            for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
+    assert_shuffled_batches_match_eager(TreeRegression(style), data)
