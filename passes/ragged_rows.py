@@ -149,7 +149,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         reduction = _row_reduction(node, ragged)
         if reduction is not None:
             reductions.append((node, *reduction))
-        loss = _row_loss(node, ragged)
+        loss = _loss_over_rows(node, ragged, "mean", "sum")
         if loss is not None:
             losses.append((node, loss))
         part = _part_read(node, ragged)
@@ -399,14 +399,14 @@ def _loss_per_row(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | No
     """The ragged value ``node`` makes, if it is a class loss of stacked rows of scores and a label per row
     without reduction (``F.cross_entropy(scores, labels, reduction="none")``): part ``j`` the loss of part
     ``j`` of the scores and ``labels[j]``."""
-    call, info = _class_loss(node, ragged, "none"), tensor_info(node)
+    call, info = _loss_over_rows(node, ragged, "none"), tensor_info(node)
     if call is None or info is None or not ragged[call.input].stacked:
         return None
     return _Ragged(ragged[call.input].k, TensorInfo(info.shape[1:], info.dtype, info.device), stacked=True,
                    indexed=(call.target,))
 
 
-def _class_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged], *reductions: str) -> LossCall | None:
+def _loss_over_rows(node: fx.Node, ragged: dict[fx.Node, _Ragged], *reductions: str) -> LossCall | None:
     """The call if ``node`` is a loss reduced as one of ``reductions`` of a ragged value and a target row per
     part: a class loss (``F.cross_entropy``, ``F.nll_loss``) of one-row parts, each a row of scores, and an
     integer tensor of ``k`` labels, or an elementwise loss (``F.mse_loss``, ...) of stacked parts and a target
@@ -426,13 +426,6 @@ def _class_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged], *reductions: str)
             or target.shape != (value.k,) or target.dtype.is_floating_point:
         return None
     return call
-
-
-def _row_loss(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> LossCall | None:
-    """The call if ``node`` is a class loss (``F.cross_entropy``, ``F.nll_loss``) of a ragged value of one-row
-    parts, each a row of scores, and a label per row (``labels[j]`` of an integer tensor of ``k`` labels),
-    reduced to its mean or sum."""
-    return _class_loss(node, ragged, "mean", "sum")
 
 
 def _loss_of_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, call: LossCall) -> None:
@@ -463,15 +456,16 @@ def _loss_of_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, 
 
 def _read_whole_beside_own_values(ragged: dict[fx.Node, _Ragged], read: set[fx.Node]) -> list[fx.Node]:
     """In one sample of a union: the ragged values read as a whole (by the results, or by an op not split
-    here) whose rows broadcast a value that the sample computes (``states + states.mean(0)``). Joined with
+    here) whose rows broadcast a value that the sample computes (``states + states.mean(0)``) or read a row of
+    one each (``torch.stack(h) - targets``). Joined with
     the other samples' rows, each row would read its own sample's value, which one op on the joined rows
     cannot; split into the op on each part (``h_i + m``), they group with the other samples' parts, and the
     value read as a whole is their join. (Those in ``read``, which reductions and part reads split anyway, are
     left out.)"""
-    return [node for node in ragged if node not in read and any(user not in ragged for user in node.users) and any(
-        source.op != "get_attr" for value in _reaching([node], ragged)
-        for operand, copied in ragged[value].reads.items() for source in (operand, copied)) or any(
-        ragged[value].indexed for value in _reaching([node], ragged))]
+    def reads_own_value(value: _Ragged) -> bool:
+        return bool(value.indexed) or any(source.op != "get_attr" for pair in value.reads.items() for source in pair)
+    return [node for node in ragged if node not in read and any(user not in ragged for user in node.users)
+            and any(reads_own_value(ragged[value]) for value in _reaching([node], ragged))]
 
 
 def _reaching(read: list[fx.Node], ragged: dict[fx.Node, _Ragged]) -> dict[fx.Node, None]:
