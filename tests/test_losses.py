@@ -64,18 +64,29 @@ def test_a_loss_at_every_node_batches_over_samples_of_other_sizes():
     assert_shuffled_batches_match_eager(NodeLosses(), data)
 
 
-class TreeLoss(nn.Module):
-    """A per-tree loss over every node's scores and label, as one call on the stacked scores."""
+class _TreeOutputs(nn.Module):
+    """Every node's output of a tree, stacked: ``out(tanh(W x_v + the children's states))``."""
 
-    def __init__(self, style: str):
+    def __init__(self, outputs: int, style: str):
         super().__init__()
-        self.W, self.out, self.style = nn.Linear(4, 5, dtype=torch.float64), nn.Linear(5, 3, dtype=torch.float64), style
+        self.W, self.out = nn.Linear(4, 5, dtype=torch.float64), nn.Linear(5, outputs, dtype=torch.float64)
+        self.style = style
 
-    def forward(self, children, x, labels):
+    def outputs(self, children, x):
         h = [torch.zeros(5, dtype=torch.float64)] * len(children)
         for v in reversed(range(len(children))):
             h[v] = torch.tanh(self.W(x[v]) + sum((h[c] for c in children[v]), torch.zeros(5, dtype=torch.float64)))
-        scores = self.out(torch.stack(h))
+        return self.out(torch.stack(h))
+
+
+class TreeLoss(_TreeOutputs):
+    """A per-tree loss over every node's scores and label, as one call on the stacked scores."""
+
+    def __init__(self, style: str):
+        super().__init__(3, style)
+
+    def forward(self, children, x, labels):
+        scores = self.outputs(children, x)
         if self.style == "nll":
             return F.nll_loss(F.log_softmax(scores, dim=1), labels, ignore_index=2)
         return F.cross_entropy(scores, labels, reduction=self.style, label_smoothing=0.2)
@@ -93,19 +104,15 @@ def test_a_loss_over_a_samples_stacked_scores_batches_as_each_nodes_loss(style):
     assert_shuffled_batches_match_eager(TreeLoss(style), data)
 
 
-class TreeRegression(nn.Module):
+class TreeRegression(_TreeOutputs):
     """A per-tree regression of every node's output on its target row (``targets[j]``: a ``[nodes, 2]``
     argument), by a loss or written out."""
 
     def __init__(self, style: str):
-        super().__init__()
-        self.W, self.out, self.style = nn.Linear(4, 5, dtype=torch.float64), nn.Linear(5, 2, dtype=torch.float64), style
+        super().__init__(2, style)
 
     def forward(self, children, x, targets):
-        h = [torch.zeros(5, dtype=torch.float64)] * len(children)
-        for v in reversed(range(len(children))):
-            h[v] = torch.tanh(self.W(x[v]) + sum((h[c] for c in children[v]), torch.zeros(5, dtype=torch.float64)))
-        predictions = self.out(torch.stack(h))
+        predictions = self.outputs(children, x)
         if self.style == "mse":
             return F.mse_loss(predictions, targets)
         if self.style == "l1 sum":
