@@ -12,7 +12,9 @@ a gated-graph ``nn.GRUCell`` update; an ``nn.LSTMCell`` update; bilinear ``einsu
 embeddings looked up with ``emb(torch.tensor(t))``; feature slices
 ``x[v, :4]``, ``x[u, 4:]``; and a GCN-style sum of scaled messages whose neurons without
 in-neighbours keep their own scaled message (a readout mixing two groups); max pooling of the stacked
-messages with ``torch.max(messages, 0)[0]``; and PNA-style mean, max and standard deviation of them.
+messages with ``torch.max(messages, 0)[0]``; PNA-style mean, max and standard deviation of them; rows
+read two-dimensional, ``self.lin(x[v:v + 1])``; and a loss at every neuron, ``F.cross_entropy`` of its
+messages averaged by hand and its label.
 Each is compiled with ``dynamo_relational.compile`` (Inductor, the default
 options; ``--no-inductor`` runs the grouped graph as it is, for a quick check) on ``--device``
 (the models build their constants on the input's device). Printed per idiom: FX nodes before and
@@ -198,10 +200,26 @@ class LoneNeurons(_PerNeuron):
         return torch.stack(out)
 
 
+class RowSlices(_PerNeuron):
+    def forward(self, x):   # each neuron's row read two-dimensional, as often written for nn.Linear
+        return torch.cat([torch.relu(sum((self.lin(x[u:u + 1]) for u in nbrs), self.lin(x[v:v + 1])))
+                          for v, nbrs in enumerate(self.in_nbrs)])
+
+
+class NodeLosses(_PerNeuron):
+    def __init__(self, batch: GraphBatch):
+        super().__init__(batch)
+        self.register_buffer("labels", torch.tensor([int(row[:4].argmax()) for row in batch.x]))
+
+    def forward(self, x):   # a loss at every neuron, of its messages averaged by hand
+        return sum(F.cross_entropy(sum((self.lin(x[u]) for u in nbrs), self.lin(x[v])) / (len(nbrs) + 1),
+                                   self.labels[v]) for v, nbrs in enumerate(self.in_nbrs))
+
+
 IDIOMS = {"inplace_relu": InPlaceReLU, "masks": Masks, "chunked_gates": ChunkedGates, "attention": Attention,
           "layer_norm": Normalized, "gru_update": GatedUpdate, "lstm_update": LstmUpdate, "einsum": Bilinear,
           "embeddings": TypeEmbeddings, "feature_slices": FeatureSlices, "lone_neurons": LoneNeurons,
-          "max_pool": MaxPool, "statistics": Statistics}
+          "max_pool": MaxPool, "statistics": Statistics, "row_slices": RowSlices, "node_losses": NodeLosses}
 
 
 def measure(name: str, graphs: int, repeats: int, inductor: bool = True, device: str = "cpu") -> dict:
