@@ -62,10 +62,6 @@ def run_passes(steps: Sequence[Pass], gm: fx.GraphModule, ctx: PassContext) -> f
     return gm
 
 
-#: constants of at most this many elements are shared by the samples whose constants are equal
-_SMALL_CONSTANT = 1024
-
-
 class NotBatchable(Exception):
     """Why a set of samples cannot run as one union (the batch runs its samples one by one instead)."""
 
@@ -247,20 +243,12 @@ class _Shared:
     computed: dict[Hashable, fx.Node] = field(default_factory=dict)
     #: the parameters' nodes and the values of ``computed``
     nodes: set[fx.Node] = field(default_factory=set)
-    #: a small constant's dtype, shape and values -> the name of the first sample's equal one
-    constants: dict[Hashable, str] = field(default_factory=dict)
 
     def attribute(self, graph: fx.Graph, sample: SampleGraph, s: int, target: str, meta: tuple) -> fx.Node:
         """The union's node for sample ``s``'s ``get_attr`` of ``target`` (with ``meta``): a parameter's is
-        shared, a constant's the sample's own, or, for a small constant, the one node of every sample whose
-        constant is equal (the zero state that each sample's ``torch.zeros(d)`` makes)."""
+        shared, a constant's the sample's own."""
         param = target in self.params
         name = target if param else f"_sample{s}_{target.replace('.', '_')}"
-        if not param:
-            value = sample.attrs[target]
-            if isinstance(value, torch.Tensor) and value.numel() <= _SMALL_CONSTANT and value.device.type == "cpu":
-                values = value.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
-                name = self.constants.setdefault((value.dtype, tuple(value.shape), values), name)
         if name not in self.attr_nodes:
             self.attrs[name] = self.params[name] if param else sample.attrs[target]
             self.attr_nodes[name] = graph.get_attr(name)

@@ -1189,17 +1189,20 @@ def test_one_row_slices_of_tensor_arguments_are_row_reads():
 
 class _Sequence(nn.Module):
     """A sentence of any length through a recurrent cell, one token per step, from a zero state made in
-    ``forward``: an ``nn.GRUCell`` on one-dimensional states (or an ``nn.LSTMCell`` on ``[1, d]`` ones, read
-    by ``tokens[t:t + 1]``), then a classifier of the last state or of the states' maximum."""
+    ``forward``: an ``nn.GRUCell`` on one-dimensional states (from ``new_zeros``, or with ``constant_state``
+    from ``torch.zeros``), or an ``nn.LSTMCell`` on ``[1, d]`` ones read by ``tokens[t:t + 1]``; then a
+    classifier of the last state or of the states' maximum."""
 
-    def __init__(self, cell: str):
+    def __init__(self, cell: str, constant_state: bool = False):
         super().__init__()
         self.emb, self.out = nn.Embedding(20, 6, dtype=torch.float64), nn.Linear(6, 2, dtype=torch.float64)
         self.cell = (nn.GRUCell if cell == "gru" else nn.LSTMCell)(6, 6, dtype=torch.float64)
+        self.constant_state = constant_state
 
     def forward(self, tokens):
         if isinstance(self.cell, nn.GRUCell):
-            h, states = torch.zeros(6, dtype=torch.float64), []
+            zeros = torch.zeros(6, dtype=torch.float64) if self.constant_state else self.emb.weight.new_zeros(6)
+            h, states = zeros, []
             for t in range(tokens.shape[0]):
                 h = self.cell(self.emb(tokens[t]), h)
                 states.append(h)
@@ -1210,10 +1213,45 @@ class _Sequence(nn.Module):
         return F.log_softmax(self.out(h), dim=1)
 
 
+def _sentences():
+    generator = torch.Generator().manual_seed(0)
+    return [(torch.randint(0, 20, (length,), generator=generator),) for length in (3, 7, 5, 9, 4, 6, 8, 5)]
+
+
 @pytest.mark.parametrize("cell", ["gru", "lstm"])
 def test_sentences_of_other_lengths_through_a_recurrent_cell_batch(cell):
-    """Each sample's zero state, a constant of its trace, is one node of the union where the samples' are
-    equal (before, every sample's first step read its own constant: a state beside the rows, one by one)."""
-    generator = torch.Generator().manual_seed(0)
-    data = [(torch.randint(0, 20, (length,), generator=generator),) for length in (3, 7, 5, 9, 4, 6, 8, 5)]
-    assert_shuffled_batches_match_eager(_Sequence(cell), data)
+    """A state that every sample starts from is gathered, a row per member (before, the GRU's was expanded to
+    the union's fixed row count, and the union refused it)."""
+    assert_shuffled_batches_match_eager(_Sequence(cell), _sentences())
+
+
+def test_a_state_made_with_torch_zeros_runs_one_by_one_and_says_why():
+    """``torch.zeros(d)`` in ``forward`` is a constant of each sample's trace: the first steps read the
+    samples' own constants beside the rows, which the union refuses, with the cell named (with only the
+    gathered state, such a batch crashed on the state's fixed row count)."""
+    model, data = _Sequence("gru", constant_state=True), _sentences()
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    assert_batches_match_eager(batched, model, data[::-1], through_union=False)
+    assert "gru_cell" in batched.report.unbatched_reason and "shared value" in batched.report.unbatched_reason
+
+
+class _FeaturesMadeInForward(nn.Module):
+    """Per-node features built in ``forward`` from Python data (``torch.tensor([...])``): constants of each
+    sample's trace, many of them equal across samples (the same child count)."""
+
+    def __init__(self):
+        super().__init__()
+        self.W = nn.Linear(3, 4, dtype=torch.float64)
+
+    def forward(self, children, x):
+        h: list = [None] * len(children)
+        for v in reversed(range(len(children))):
+            own = self.W(torch.tensor([float(len(children[v])), 1.0, 0.5], dtype=torch.float64)) + x[v, :4]
+            h[v] = torch.tanh(own + sum(h[c] for c in children[v])) if children[v] else own
+        return h[0]
+
+
+def test_features_made_in_forward_from_python_data_batch():
+    assert_shuffled_batches_match_eager(_FeaturesMadeInForward(), dataset("treernn", 10, features=4,
+                                                                          dtype=torch.float64))
