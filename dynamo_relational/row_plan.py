@@ -397,20 +397,16 @@ class _Analysis:
             return False
         flat_index = numpy.ravel_multi_index([i % n for i, n in zip(index, info.shape)], info.shape[:m])
         rows, per_row = int(numpy.prod(info.shape[:m])), int(numpy.prod(info.shape[1:m]))
-        name = f"_relational_elements_{node.name}"
-        self.gm.register_buffer(name, torch.from_numpy(flat_index).to(info.device), persistent=False)
-        graph = self.gm.graph
-        with graph.inserting_before(node):
-            flat = graph.call_method("reshape", (base, (-1, *info.shape[m:])))
-            read = graph.get_attr(name)
-            gathered = graph.call_function(torch.index_select, (flat, 0, read))
+        with self.gm.graph.inserting_before(node):
+            flat = self.gm.graph.call_method("reshape", (base, (-1, *info.shape[m:])))
         flat.meta["rel_info"] = TensorInfo((rows, *info.shape[m:]), info.dtype, info.device)
-        gathered.meta.update(node.meta)
         if base in self.rows:
             self.rows[flat] = self._expanded(self.rows[base], per_row)
         else:
             self.shared.add(flat)
-        self.index_nodes.add(read)
+        gathered = self._selected(node, flat, torch.from_numpy(flat_index).to(info.device),
+                                  f"_relational_elements_{node.name}", _static_info(node))
+        gathered.meta.update(node.meta)   # (the grouping's tags of node's rows)
         node.replace_all_uses_with(gathered)   # (node, now read by no one, goes with the dead code)
         self._gather(gathered)
         return True
@@ -433,17 +429,24 @@ class _Analysis:
             return table
         if len(info.shape) != len(out.shape) or info.shape[0] != out.shape[0] or any(d != 1 for d in info.shape[1:]):
             raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
-        name = f"_relational_rows_of_{table.target}_{node.name}"
-        self.gm.register_buffer(name, torch.arange(info.shape[0], device=info.device), persistent=False)
-        with self.gm.graph.inserting_before(node):
-            index = self.gm.graph.get_attr(name)
-            gathered = self.gm.graph.call_function(torch.index_select, (table, 0, index))
-        gathered.meta["rel_info"] = info
+        gathered = self._selected(node, table, torch.arange(info.shape[0], device=info.device),
+                                  f"_relational_rows_of_{table.target}_{node.name}", info)
         node.replace_input_with(table, gathered)   # (first: the gather's rows are its reader's)
-        self.index_nodes.add(index)
         self._tables.add(table)
         self._gather(gathered)
         return gathered
+
+    def _selected(self, before: fx.Node, source: fx.Node, index: torch.Tensor, name: str,
+                  info: TensorInfo) -> fx.Node:
+        """``index_select(source, 0, index)`` (of info ``info``) inserted before ``before``, ``index`` a new index
+        tensor of the grouping (buffer ``name``), which a batch restricts once :meth:`_gather` records it."""
+        self.gm.register_buffer(name, index, persistent=False)
+        with self.gm.graph.inserting_before(before):
+            read = self.gm.graph.get_attr(name)
+            selected = self.gm.graph.call_function(torch.index_select, (source, 0, read))
+        selected.meta["rel_info"] = info
+        self.index_nodes.add(read)
+        return selected
 
     def _relayout(self, node: fx.Node, joined: fx.Node) -> fx.Node:
         """Read the rows of ``joined`` (a :class:`CatRows`: part after part in a batch) for ``node`` through a
@@ -452,14 +455,9 @@ class _Analysis:
         gathered = self._relayouts.get(joined)
         if gathered is None:   # (before the first reader: the later ones come after it)
             info = _static_info(joined)
-            name = f"_relational_relayout_{joined.name}"
-            self.gm.register_buffer(name, torch.arange(info.shape[0], device=info.device), persistent=False)
-            with self.gm.graph.inserting_before(node):
-                index = self.gm.graph.get_attr(name)
-                gathered = self._relayouts[joined] = self.gm.graph.call_function(torch.index_select,
-                                                                                (joined, 0, index))
-            gathered.meta["rel_info"] = info
-            self.index_nodes.add(index)
+            gathered = self._relayouts[joined] = self._selected(
+                node, joined, torch.arange(info.shape[0], device=info.device), f"_relational_relayout_{joined.name}",
+                info)
             self._gather(gathered)
         node.replace_input_with(joined, gathered)
         return gathered
@@ -725,12 +723,13 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if operands != [args[0]]:
             raise Refused(f"{_describe(node)}: an embedding of rows needs a shared table")
         return first   # each row's index looked up
-    if node.op == "call_function" and REGISTRY.family_of(node) in (LOSS, CELL):
+    family = REGISTRY.family_of(node) if node.op == "call_function" else None
+    if family in (LOSS, CELL):
         if any(not isinstance(a, fx.Node) or a not in analysis.rows for a in args[:2]):
             raise Refused(f"{_describe(node)}: rows of samples beside a shared value's rows")
-        if REGISTRY.family_of(node) is CELL and any(a in analysis.rows for a in args[2:]):
+        if family is CELL and any(a in analysis.rows for a in args[2:]):
             raise Refused(f"{_describe(node)}: recurrent cell weights must be shared")
-        if REGISTRY.family_of(node) is LOSS and not LOSS.per_row(node):
+        if family is LOSS and not LOSS.per_row(node):
             raise Refused(f"{_describe(node)}: a loss that reduces the rows of samples")
         return first
     if node.op == "call_function" and target is operator.getitem:

@@ -262,9 +262,7 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
             indexed.append(a)   # a row per part (a target per node): part j reads a[j]
         else:
             return None
-    part = info.shape[1:] if stacked else (rows, *info.shape[1:])
-    return _Ragged(first.k, TensorInfo(part, info.dtype, info.device), stacked=stacked, reads=reads,
-                   indexed=tuple(indexed))
+    return _row_value(info, first, reads=reads, indexed=tuple(indexed))
 
 
 def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
@@ -402,8 +400,7 @@ def _loss_per_row(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | No
     call, info = _loss_over_rows(node, ragged, "none"), tensor_info(node)
     if call is None or info is None or not ragged[call.input].stacked:
         return None
-    return _Ragged(ragged[call.input].k, TensorInfo(info.shape[1:], info.dtype, info.device), stacked=True,
-                   indexed=(call.target,))
+    return _row_value(info, ragged[call.input], indexed=(call.target,))
 
 
 def _loss_over_rows(node: fx.Node, ragged: dict[fx.Node, _Ragged], *reductions: str) -> LossCall | None:
@@ -457,11 +454,10 @@ def _loss_of_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, 
 def _read_whole_beside_own_values(ragged: dict[fx.Node, _Ragged], read: set[fx.Node]) -> list[fx.Node]:
     """In one sample of a union: the ragged values read as a whole (by the results, or by an op not split
     here) whose rows broadcast a value that the sample computes (``states + states.mean(0)``) or read a row of
-    one each (``torch.stack(h) - targets``). Joined with
-    the other samples' rows, each row would read its own sample's value, which one op on the joined rows
-    cannot; split into the op on each part (``h_i + m``), they group with the other samples' parts, and the
-    value read as a whole is their join. (Those in ``read``, which reductions and part reads split anyway, are
-    left out.)"""
+    one each (``torch.stack(h) - targets``). Joined with the other samples' rows, each row would read its own
+    sample's value, which one op on the joined rows cannot; split into the op on each part (``h_i + m``), they
+    group with the other samples' parts, and the value read as a whole is their join. (Those in ``read``, which
+    reductions and part reads split anyway, are left out.)"""
     def reads_own_value(value: _Ragged) -> bool:
         return bool(value.indexed) or any(source.op != "get_attr" for pair in value.reads.items() for source in pair)
     return [node for node in ragged if node not in read and any(user not in ragged for user in node.users)
@@ -492,22 +488,18 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
         return list(value.joined)
     if value.softmax is not None:
         return _softmax_parts(graph, node, value, parts[value.softmax[1]])
-    meta = _meta_without_value(node)
+    make = _Maker(graph, node)
     made = []
     with graph.inserting_before(node):
         for j in range(value.k):
             def operand(a, j=j):
                 if a in value.indexed:
-                    row = new_node(graph, "call_function", operator.getitem, (a, j), {})
-                    row.meta.update(meta, rel_info=_row_info(a))
-                    return row
+                    return make("call_function", operator.getitem, _row_info(a), a, j)
                 return parts[a][j] if a in parts else value.reads.get(a, a)
             op, target, args = (node.op, node.target, node.args) if value.call is None else value.call
             args = fx.node.map_arg(args, operand)
             kwargs = fx.node.map_arg(node.kwargs, operand) if value.call is None else {}   # (a call's are its args)
-            part = new_node(graph, op, target, args, kwargs)
-            part.meta.update(meta, rel_info=value.part)
-            made.append(part)
+            made.append(make(op, target, value.part, *args, kwargs=kwargs))
     return made
 
 
