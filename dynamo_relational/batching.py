@@ -443,11 +443,17 @@ class BatchedModule(nn.Module):
     def _group(self, keys: list[Hashable], batch_size: int) -> _Union | str:
         start = time.perf_counter()
         graphs = [self._graph(k) for k in keys]
+        # a bar over the steps: the union, each pass, the row plan and the code for batches
+        steps = 3 + sum(1 for p in UNION_PASSES if p.name not in self.options.disable)
         try:
-            with gc_paused():
+            with gc_paused(), CompileProgress(self.options.progress, steps,
+                                              f"relational: grouping {len(keys):,} structures") as progress:
+                progress.start("union")
                 union, layout = build(graphs, self._params())
                 nodes_before = len(union.graph.nodes)
-                union, stats, ungrouped = _grouped(union, self.options)
+                progress.step()
+                union, stats, ungrouped = _grouped(union, self.options, progress)
+                progress.start("row plan")
                 owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
                 try:
                     plan = analyse(union, owners, len(keys))
@@ -457,8 +463,11 @@ class BatchedModule(nn.Module):
                     reasons = "; ".join(f"{count} nodes left ungrouped: {reason}"
                                         for reason, count in ungrouped.most_common())
                     raise Refused(f"{e}; {reasons}") from e
+                progress.step()
+                progress.start("code for batches")
                 single = all(g.out_spec.is_leaf() and not g.constants for g in graphs)
                 grouped = _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, batch_size, single)
+                progress.step()
         except (NotBatchable, Refused) as e:
             return str(e)
         finally:
@@ -517,12 +526,12 @@ class BatchedModule(nn.Module):
         return traced[i][0] if i in traced else self.model(*samples[i])
 
 
-def _grouped(union, options: Options) -> tuple[fx.GraphModule, dict, Counter]:
+def _grouped(union, options: Options, progress: CompileProgress) -> tuple[fx.GraphModule, dict, Counter]:
     """The union grouped by :data:`UNION_PASSES`, the passes' stats (with the schedule's lower bound), and why
     nodes were left ungrouped (reason -> number of nodes)."""
     # every group is vectorized, however small: a per-sample node left as it is could not be restricted
     ctx = PassContext(dataclasses.replace(options, min_group_size=1), detailed=True)
-    union = run_passes(UNION_PASSES, union, ctx)
+    union = run_passes(UNION_PASSES, union, ctx, progress)
     if ctx.keep_order:
         raise NotBatchable(f"the union keeps its order: {ctx.keep_order[0]}")
     return union, ctx.stats, ctx.ungrouped

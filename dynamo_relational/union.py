@@ -44,6 +44,7 @@ from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.facts import is_factory
 from .options import Options
+from .progress import NONE as NO_PROGRESS, CompileProgress
 from .row_plan import works_within_rows
 
 #: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
@@ -53,12 +54,16 @@ SAMPLE_PASSES = tuple(PIPELINE[:[p.name for p in PIPELINE].index("grouping")])
 UNION_PASSES = tuple(p for p in PIPELINE if p.on_unions)
 
 
-def run_passes(steps: Sequence[Pass], gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+def run_passes(steps: Sequence[Pass], gm: fx.GraphModule, ctx: PassContext,
+               progress: CompileProgress = NO_PROGRESS) -> fx.GraphModule:
     """``gm`` rewritten by ``steps``, but those ``options.disable`` names (a failing optimizer pass is skipped,
-    as in compiled graphs: :func:`~dynamo_relational.backend.run_pass`)."""
+    as in compiled graphs: :func:`~dynamo_relational.backend.run_pass`); ``progress`` names each and counts it
+    done."""
     for step in steps:
         if step.name not in ctx.options.disable:
+            progress.start(step.name)
             gm = run_pass(step, gm, ctx)
+            progress.step()
     return gm
 
 

@@ -154,6 +154,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     # No schedule has fewer groups than signatures (plus ungroupable nodes) or than the longest path:
     # once a candidate reaches that, the later ones cannot win the min below.
     floor = max(max(depth, default=-1) + 1, len(set(k for k in keys if k is not None)) + keys.count(None))
+    # ED-Batch's bound is tighter (asked for in detailed reports, and then known before the schedules run)
+    bound = schedule.lower_bound(preds, keys, depth) if ctx.detailed else None
+    floor = max(floor, bound or 0)
     for hint in hints:
         sigs = site_keys if hint else keys
         for name in names:
@@ -174,8 +177,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         units=len(units), groups=count, schedule=chosen,
         schedules=schedules,
         vectorizable=sum(1 for g in ctx.groups if g.ops and len(g.nodes) >= opts.min_group_size))
-    if ctx.detailed:
-        ctx.stats["lower_bound"] = schedule.lower_bound(preds, keys, depth)
+    if bound is not None:
+        ctx.stats["lower_bound"] = bound
     return gm
 
 

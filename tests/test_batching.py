@@ -147,6 +147,24 @@ def test_a_structure_repeated_in_a_batch_and_batches_of_other_sizes():
     assert batched.report.groupings == 1 and batched.report.structures == 8
 
 
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_long_grouping_shows_a_progress_bar_over_its_steps(enabled, monkeypatch, capsys):
+    from dynamo_relational import progress
+
+    monkeypatch.setattr(progress, "DELAY", 0.0)   # every grouping counts as long here
+    torch.manual_seed(1)
+    data = dataset("treernn", 6, features=4, dtype=torch.float64)
+    model = TreeRNN(4, hidden=5).double()
+    batched = dynamo_relational.batch(model, progress=enabled)
+    batched(data)   # traces
+    capsys.readouterr()
+    assert_batches_match_eager(batched, model, data)   # groups
+    err = capsys.readouterr().err
+    assert batched.report.groupings == 1
+    assert ("relational: grouping 6 structures" in err and "vectorize" in err and "row plan" in err) == enabled
+    assert err == "" or enabled
+
+
 def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
     """The union computes every level of its deepest tree; a batch of smaller trees runs code, made when the
     union was grouped, without values that batch leaves empty, and still equals eager."""

@@ -90,3 +90,26 @@ def test_groups_move_to_the_next_group_of_their_signature_where_no_reader_lies_b
     signatures = ["a", "b", "a", "b", "a"]
     groups = [[0], [1], [2], [3], [4]]
     assert schedule.merged(groups, preds, signatures) == [[0], [1, 3], [2, 4]]
+
+
+def test_the_lower_bound_counts_the_most_units_of_each_signature_on_one_path():
+    """The bound computed level by level equals its definition walked unit by unit: for each signature, the
+    most units of it on one path, summed, plus the units that run alone; at least the longest path."""
+    rng = random.Random(1)
+    for _ in range(300):
+        n = rng.randrange(0, 50)
+        preds = [rng.sample(range(i), rng.randrange(min(i, 3) + 1)) for i in range(n)]
+        signatures = [rng.choice([None, "a", "b", "c"]) for _ in range(n)]
+        most: list[dict] = []   # per unit: signature -> most units of it on a path ending there
+        for i in range(n):
+            counts: dict = {}
+            for p in preds[i]:
+                for sig, c in most[p].items():
+                    counts[sig] = max(counts.get(sig, 0), c)
+            if signatures[i] is not None:
+                counts[signatures[i]] = counts.get(signatures[i], 0) + 1
+            most.append(counts)
+        per_signature = {sig: max((m.get(sig, 0) for m in most), default=0) for sig in "abc"}
+        depth = schedule.asap_depths(preds)
+        expected = max(max(depth, default=-1) + 1, signatures.count(None) + sum(per_signature.values()))
+        assert schedule.lower_bound(preds, signatures) == expected
