@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+import inspect
 import logging
 import time
 from collections import Counter
@@ -391,14 +392,15 @@ class BatchedModule(nn.Module):
                     raise FrontendError(f"sample {i}: {e}") from e
                 if result is not None:
                     results[i] = result
+                self.report.structures += 1   # (kept, as the structures traced before a sample that fails)
                 progress.step()
-        self.report.structures += len(new)
         self.report.kept_nodes = sum(len(s.graph.records) for cache in self._caches.values()
                                      for s in cache.structures.values() if s.graph is not None)
         self.report.trace_seconds += time.perf_counter() - start
         return set(new), results
 
     def _traced(self, sample: tuple, tensors: list[torch.Tensor]) -> tuple[_Structure, tuple | None]:
+        _check_arguments(self.model, sample)
         if self.key is not None:
             inputs = _tensors_anywhere(sample, self._by_value)
         else:
@@ -524,6 +526,25 @@ class BatchedModule(nn.Module):
     def _called(self, samples: list[tuple], i: int, traced: dict[int, tuple]) -> Any:
         """Sample ``i``'s result from the model itself, or from its trace, which was the model's call."""
         return traced[i][0] if i in traced else self.model(*samples[i])
+
+
+def _check_arguments(model: nn.Module, sample: tuple) -> None:
+    """:class:`FrontendError` where ``model.forward`` cannot take ``sample``'s arguments (before its trace, whose
+    error would name the call inside ``batch``). A forward pre-hook may supply arguments: no check then."""
+    if model._forward_pre_hooks or nn.modules.module._global_forward_pre_hooks:
+        return
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):   # (no signature to check against)
+        return
+    try:
+        signature.bind(*sample)
+    except TypeError as e:
+        given = ", ".join(type(a).__name__ for a in sample)
+        names = ", ".join(str(p.replace(annotation=p.empty, default=p.empty)) for p in signature.parameters.values())
+        raise FrontendError(f"{type(model).__name__}.forward({names}) cannot take the sample's {len(sample)} "
+                            f"argument(s) ({given}): {e}. A sample is a tuple of forward's arguments; a sample that "
+                            "is not a tuple is forward's one argument") from None
 
 
 def _grouped(union, options: Options, progress: CompileProgress) -> tuple[fx.GraphModule, dict, Counter]:

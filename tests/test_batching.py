@@ -499,6 +499,35 @@ def test_a_sample_whose_float_values_forward_reads_is_refused_with_the_sample_na
         dynamo_relational.batch(Branching(3, hidden=4))(data)
 
 
+def test_a_sample_forward_cannot_take_is_named_with_forwards_arguments_and_the_module_still_works():
+    torch.manual_seed(0)
+    data = dataset("treernn", 3, features=3, dtype=torch.float64)
+    model = TreeRNN(3, hidden=4).double()
+    batched = dynamo_relational.batch(model, progress=False)
+    with pytest.raises(FrontendError, match=r"sample 1: TreeRNN.forward\(children, x\) cannot take the sample's 1 "
+                                            r"argument\(s\) \(list\): missing a required argument: 'x'"):
+        batched([data[0], (data[1][0],)])
+    with pytest.raises(FrontendError, match=r"sample 0: .* cannot take the sample's 1 argument\(s\) \(list\)"):
+        batched(data[0])   # one sample, not a list of them: its first item is taken for a sample
+    assert batched.report.structures == 1   # (sample 0 of the first call was traced before sample 1 failed)
+    assert_batches_match_eager(batched, model, data, through_union=False)   # traces the others
+    assert_batches_match_eager(batched, model, data)
+    assert batched.report.groupings == 1
+
+
+def test_a_forward_pre_hook_may_supply_the_arguments_a_sample_lacks():
+    torch.manual_seed(0)
+    data = dataset("treernn", 3, features=3, dtype=torch.float64)
+    model = TreeRNN(3, hidden=4).double()
+    model.register_forward_pre_hook(
+        lambda module, args: (args[0], torch.ones(len(args[0]), 3, dtype=torch.float64)) if len(args) == 1 else None)
+    batched = dynamo_relational.batch(model, progress=False)
+    for _ in range(2):
+        outputs = batched([(children,) for children, _ in data])
+        for out, (children, x) in zip(outputs, data):
+            torch.testing.assert_close(out, model(children, torch.ones_like(x)))
+
+
 class MaxOfChildren(TreeRNN):
     """Children pooled by ``torch.stack(states).max(0).values``: a max along each node's own rows."""
 
