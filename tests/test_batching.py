@@ -165,6 +165,27 @@ def test_a_long_grouping_shows_a_progress_bar_over_its_steps(enabled, monkeypatc
     assert err == "" or enabled
 
 
+@pytest.mark.parametrize("libc", ["glibc", "none"])
+def test_grouping_hands_the_c_heaps_freed_memory_back_once_per_union(libc, monkeypatch):
+    from dynamo_relational import batching
+
+    trims = []
+    if libc == "glibc":
+        monkeypatch.setattr(batching, "_MALLOC_TRIM", trims.append)
+    else:   # a C library without malloc_trim: nothing to call, and grouping goes on
+        monkeypatch.setattr(batching, "_MALLOC_TRIM", None)
+        monkeypatch.setattr(batching.ctypes, "CDLL", lambda *args: object())
+    torch.manual_seed(1)
+    data = dataset("treernn", 6, features=4, dtype=torch.float64)
+    model = TreeRNN(4, hidden=5).double()
+    batched = dynamo_relational.batch(model, progress=False)
+    batched(data)
+    assert_batches_match_eager(batched, model, data)
+    assert batched.report.groupings == 1
+    assert trims == ([0] if libc == "glibc" else [])
+    assert libc == "glibc" or batching._MALLOC_TRIM is False
+
+
 def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
     """The union computes every level of its deepest tree; a batch of smaller trees runs code, made when the
     union was grouped, without values that batch leaves empty, and still equals eager."""
