@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import ctypes.util
 import dataclasses
 import enum
 import inspect
@@ -531,6 +530,10 @@ class BatchedModule(nn.Module):
         return traced[i][0] if i in traced else self.model(*samples[i])
 
 
+#: glibc's ``malloc_trim`` once looked up (False: the C library has none)
+_MALLOC_TRIM: Any = None
+
+
 def _hand_back_freed_memory() -> None:
     """Return the free memory of the C library's heap to the system (glibc's ``malloc_trim``; elsewhere
     nothing): grouping a union frees about as much as the ungrouped union took, which the heap would keep.
@@ -538,16 +541,12 @@ def _hand_back_freed_memory() -> None:
     library, docs/dynamic.md.)"""
     global _MALLOC_TRIM
     if _MALLOC_TRIM is None:
-        try:
-            _MALLOC_TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        try:   # (the symbols the process has loaded, the C library's among them)
+            _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim
         except (OSError, AttributeError, TypeError):
             _MALLOC_TRIM = False
     if _MALLOC_TRIM:
         _MALLOC_TRIM(0)
-
-
-#: glibc's ``malloc_trim`` once found (False: there is none)
-_MALLOC_TRIM: Any = None
 
 
 def _check_arguments(model: nn.Module, sample: tuple) -> None:
