@@ -356,4 +356,23 @@ def relational(gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict 
     if kwargs:
         raise OptionsError(f"unexpected backend arguments {sorted(kwargs)}; pass options={{...}}")
     opts = Options.from_mapping(options if mode is None else {**(options or {}), "mode": mode})
+    _suggest_batch_on_recompiles()
     return compile_graph(gm, example_inputs, opts).fn
+
+
+#: the compile of one frame at which the backend says that ``dynamo_relational.batch`` exists
+SUGGEST_BATCH_AT = 3
+
+
+def _suggest_batch_on_recompiles() -> None:
+    """Warn once per frame, at its :data:`SUGGEST_BATCH_AT`-th compile, that a model called with one sample
+    of another structure at a time (its tree's size, a list of neighbours: Dynamo's guards) compiles again on
+    every call, and that ``dynamo_relational.batch`` traces each structure once instead."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    if compile_id is None or compile_id.frame_compile_id != SUGGEST_BATCH_AT - 1:
+        return
+    log.warning("relational: Dynamo has compiled frame %s %d times (TORCH_LOGS=recompiles says why). A "
+                "forward called with one sample of another structure each time (a tree, a molecule, a grounded "
+                "network) compiles for each, until Dynamo's recompile limit makes it run eagerly: "
+                "dynamo_relational.batch(model) runs lists of such samples, each structure traced once "
+                "(docs/dynamic.md).", compile_id.frame_id, SUGGEST_BATCH_AT)

@@ -1,4 +1,5 @@
 """The backend as users meet it: registration, options, fallback, in-place code."""
+import logging
 import subprocess
 import sys
 
@@ -38,6 +39,31 @@ def test_unknown_option_reaches_the_user_through_torch_compile():
     compiled = torch.compile(nn.Linear(2, 2), backend="relational", options={"bogus": 1})
     with pytest.raises(Exception, match="unknown option 'bogus'"):
         compiled(torch.randn(1, 2))
+
+
+def test_a_forward_compiled_again_for_each_samples_structure_points_to_batch(caplog):
+    class PerTree(nn.Module):   # (a code object of its own: Dynamo's frame counts start here)
+        def __init__(self):
+            super().__init__()
+            self.W = nn.Linear(3, 3)
+
+        def forward(self, children, x):
+            h = [None] * len(children)
+            for v in reversed(range(len(children))):
+                h[v] = torch.tanh(self.W(x[v]) + sum((h[c] for c in children[v]), torch.zeros(3)))
+            return h[0]
+
+    torch._dynamo.reset()
+    model = PerTree()
+    compiled = torch.compile(model, backend="relational", options={"inductor": False})
+    trees = [[[1], []], [[1, 2], [], []], [[1], [2], []], [[1, 2, 3], [], [], []]]
+    with caplog.at_level(logging.WARNING, logger="dynamo_relational"):
+        for i, children in enumerate(trees):
+            x = torch.randn(len(children), 3)
+            torch.testing.assert_close(compiled(children, x), model(children, x))
+            told = [r for r in caplog.records if "dynamo_relational.batch(model)" in r.getMessage()]
+            assert len(told) == (i >= 2), (i, [r.getMessage() for r in caplog.records])
+    assert "compiled frame" in told[0].getMessage() and " 3 times" in told[0].getMessage()
 
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
