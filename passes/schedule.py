@@ -193,10 +193,11 @@ def _most_on_one_path(preds, signatures, kinds: dict, depth: list[int]) -> np.nd
     maximum of its inputs'; the units of one ASAP level read only lower levels, so each level is one
     vectorized step (a unit-by-unit loop costs a numpy call per unit)."""
     n = len(preds)
-    counts = np.zeros((n, len(kinds)), dtype=np.int32)
+    depths = np.asarray(depth)
+    # (a count is at most the longest path's length: 16 bits hold a union's, at half the memory)
+    counts = np.zeros((n, len(kinds)), dtype=np.int16 if depths.max() < np.iinfo(np.int16).max else np.int32)
     typed = [i for i, s in enumerate(signatures) if s is not None]
     counts[typed, [kinds[signatures[i]] for i in typed]] = 1
-    depths = np.asarray(depth)
     fan_in = np.fromiter(map(len, preds), dtype=np.int64, count=n)
     flat = np.fromiter((p for ps in preds for p in ps), dtype=np.int64, count=int(fan_in.sum()))
     first = np.cumsum(fan_in) - fan_in   # where each unit's inputs start in ``flat``

@@ -113,3 +113,11 @@ def test_the_lower_bound_counts_the_most_units_of_each_signature_on_one_path():
         depth = schedule.asap_depths(preds)
         expected = max(max(depth, default=-1) + 1, signatures.count(None) + sum(per_signature.values()))
         assert schedule.lower_bound(preds, signatures) == expected
+
+
+def test_the_lower_bound_of_chains_longer_than_16_bits_count():
+    """Two chains of 33,000 units, one of each signature: no group holds two units of a chain, and none both
+    signatures, so the bound is 66,000: counts past 32,767 (16 bits) stay exact."""
+    n = 33_000
+    preds = [[]] + [[i - 1] for i in range(1, n)] + [[]] + [[i - 1] for i in range(n + 1, 2 * n)]
+    assert schedule.lower_bound(preds, ["a"] * n + ["b"] * n) == 2 * n
