@@ -451,8 +451,7 @@ class BatchedModule(nn.Module):
         try:
             with gc_paused(), CompileProgress(self.options.progress, steps,
                                               f"relational: grouping {len(keys):,} structures") as progress:
-                progress.start("union")
-                union, layout = build(graphs, self._params())
+                union, layout = build(graphs, self._params(), progress)
                 nodes_before = len(union.graph.nodes)
                 progress.step()
                 union, stats, ungrouped = _grouped(union, self.options, progress)

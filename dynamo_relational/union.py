@@ -185,8 +185,14 @@ def input_layout(shapes: Sequence[tuple[int, ...]], position: int, read_whole: b
                        "join along dim 0 only where their other dims agree")
 
 
-def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tuple[fx.GraphModule, Layout]:
-    """The union of ``samples`` (in order) as one ungrouped graph over the model's ``params``."""
+#: the union's progress is shown every this many structures
+_SHOWN_EVERY = 256
+
+
+def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
+          progress: CompileProgress = NO_PROGRESS) -> tuple[fx.GraphModule, Layout]:
+    """The union of ``samples`` (in order) as one ungrouped graph over the model's ``params``; ``progress``
+    shows how many are in."""
     arity = {len(s.inputs) for s in samples}
     if len({str(s.out_spec) for s in samples}) > 1 or len(arity) > 1:
         raise NotBatchable("samples return differently structured results or take different tensor arguments")
@@ -210,6 +216,8 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor]) -> tu
     leaves: list[list[fx.Node]] = []
     offsets = [0] * len(inputs_layout)
     for s, sample in enumerate(samples):
+        if s % _SHOWN_EVERY == 0:
+            progress.start(f"union: {s:,} of {len(samples):,} structures")
         leaves.append(_copy_sample(graph, sample, s, union_inputs, inputs_layout, offsets, shared))
         for j, layout in enumerate(inputs_layout):
             offsets[j] += sample.inputs[j].shape[0] if layout == "cat" else 1
