@@ -62,6 +62,7 @@ from torch.utils import _pytree as pytree
 
 from .kernels.gather_reduce import INDEXED_FORMS
 from .errors import DataDependenceError, FrontendError
+from .module_hooks import global_hooks, module_hooks
 from .options import Options
 from .passes import PassContext
 from .progress import CompileProgress
@@ -551,7 +552,7 @@ def _hand_back_freed_memory() -> None:
 def _check_arguments(model: nn.Module, sample: tuple) -> None:
     """:class:`FrontendError` where ``model.forward`` cannot take ``sample``'s arguments (before its trace, whose
     error would name the call inside ``batch``). A forward pre-hook may supply arguments: no check then."""
-    if model._forward_pre_hooks or nn.modules.module._global_forward_pre_hooks:
+    if module_hooks(model)[0] or global_hooks()[0]:   # (the forward pre-hooks)
         return
     try:
         signature = inspect.signature(model.forward)
