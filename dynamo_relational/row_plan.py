@@ -40,7 +40,7 @@ from torch.fx.operator_schemas import normalize_function
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from dynamo_relational.kernels.gather_reduce import unpack_csr
-from dynamo_relational.passes.vectorize import ROW_SAMPLES
+from dynamo_relational.passes.vectorize import ROW_SAMPLES, SAMPLE
 
 from .assembly import Assembly
 from .backend import use_forms
@@ -312,6 +312,10 @@ class _Analysis:
         self._tables: set[fx.Node] = set()
         #: ``torch.split`` of a merged gather's rows -> the rows of each part
         self._split_parts: dict[fx.Node, list[Rows]] = {}
+        #: a join of samples' own constants -> the owner of each of its rows (:meth:`_constants_of_samples`)
+        self._samples_constants: dict[fx.Node, numpy.ndarray] = {}
+        #: such a join -> the gather through which its readers read it as rows
+        self._samples_constants_read: dict[fx.Node, fx.Node] = {}
 
     def shared_rows(self, part: fx.Node, cat: fx.Node) -> SharedRows:
         """The rows of shared ``part`` of ``cat`` (one :class:`SharedRows` per part: its identity is its rows')."""
@@ -359,6 +363,8 @@ class _Analysis:
             if not _is_elementwise(node):
                 raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
             operands = [self._per_row_constant(node, a) if a in self.index_nodes else a for a in operands]
+        if any(a in self._samples_constants for a in operands):
+            operands = [self._constants_as_rows(node, a) if a in self._samples_constants else a for a in operands]
         if node in self.rows or node in self._joined_indices or self._split(node):
             return
         if node.target is torch.index_select and len(node.args) == 3 and node.args[2] in self._joined_indices:
@@ -372,6 +378,7 @@ class _Analysis:
                 self._tag(node, self._tagged_rows(node), size_arg=_shape_path(node))   # a shared value per row
                 return
             self.shared.add(node)
+            self._constants_of_samples(node)
             return
         layouts = [self.rows[a] for a in with_rows]
         if _pairs_rows(node) and not all(r.same_as(layouts[0]) for r in layouts[1:]):
@@ -434,6 +441,41 @@ class _Analysis:
         node.replace_input_with(table, gathered)   # (first: the gather's rows are its reader's)
         self._tables.add(table)
         self._gather(gathered)
+        return gathered
+
+    def _constants_of_samples(self, node: fx.Node) -> None:
+        """Note ``node`` if it joins constants of the samples' own traces along dim 0 (``torch.stack`` or
+        ``torch.cat``): the vectorizer's rows of a group whose members read them (a state of zeros that each
+        sample's ``forward`` made with ``torch.zeros``). Its rows belong to those samples."""
+        if node.op != "call_function" or node.target not in (torch.stack, torch.cat) or len(node.args) != 1 \
+                or node.kwargs:
+            return
+        parts = _joined(node)
+        if not all(isinstance(p, fx.Node) and p.op == "get_attr" and SAMPLE in p.meta for p in parts):
+            return
+        rows = [1 if node.target is torch.stack else _static_info(p).shape[0] for p in parts]
+        self._samples_constants[node] = numpy.repeat(numpy.array([p.meta[SAMPLE] for p in parts],
+                                                                 dtype=numpy.int64), rows)
+
+    def _constants_as_rows(self, node: fx.Node, joined: fx.Node) -> fx.Node:
+        """Read ``joined``, a join of the samples' own constants, for ``node`` through a gather of all its rows,
+        tagged with their samples: a batch keeps its samples' rows, as it does of ``node``'s other operands.
+        The join is made once, here (a constant), not by every batch."""
+        gathered = self._samples_constants_read.get(joined)
+        if gathered is None:   # (before the first reader: the later ones come after it)
+            info = _static_info(joined)
+            value = cast(Callable, joined.target)([_attribute(self.gm, cast(str, p.target)) for p in _joined(joined)])
+            name = f"_samples_constants_{joined.name}"
+            self.gm.register_buffer(name, value, persistent=False)
+            with self.gm.graph.inserting_before(node):
+                made = self.gm.graph.get_attr(name)
+            made.meta["rel_info"] = info
+            self.shared.add(made)
+            gathered = self._samples_constants_read[joined] = self._selected(
+                node, made, torch.arange(info.shape[0], device=info.device), f"_relational_rows_of_{name}", info)
+            gathered.meta[ROW_SAMPLES] = self._samples_constants[joined].tolist()
+            self._gather(gathered)
+        node.replace_input_with(joined, gathered)
         return gathered
 
     def _selected(self, before: fx.Node, source: fx.Node, index: torch.Tensor, name: str,

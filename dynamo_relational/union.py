@@ -268,6 +268,8 @@ class _Shared:
             self.attr_nodes[name].meta.update(meta)
             if param:
                 self.nodes.add(self.attr_nodes[name])
+            else:   # (a sample's own constant: grouping tells samples' members apart by it no more than by rows)
+                self.attr_nodes[name].meta[SAMPLE] = s
         return self.attr_nodes[name]
 
     def key(self, node: fx.Node) -> Hashable | None:

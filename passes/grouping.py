@@ -190,8 +190,9 @@ def _signature_ids(ops: list, units: list, max_typed: int) -> list:
 
     The signature is the op's key plus, for fixed-arity ops, which operands that are not
     themselves grouped (weights, inputs) it reads; where more than ``max_typed`` such variants
-    share one key, the operands are left out ("any weights": the weights are gathered). Two
-    units get the same int exactly when these signatures are equal."""
+    share one key, the operands are left out ("any weights": the weights are gathered). A
+    sample's own constant in a union is left out too: members of different samples read
+    different ones, a row each. Two units get the same int exactly when these signatures are equal."""
     groupable = {units[i] for i, op in enumerate(ops) if op is not None}
     base: dict = {}      # op.key -> int
     typed: dict = {}     # (tag, base int[, operands]) -> int
@@ -209,7 +210,8 @@ def _signature_ids(ops: list, units: list, max_typed: int) -> list:
         if op.variadic:
             ids.append(typed.setdefault(("variadic", b), len(typed)))
             continue
-        weights = tuple([o if (o is not None and o not in groupable) else None for o in op.operands])
+        weights = tuple([o if (o is not None and o not in groupable and SAMPLE not in o.meta) else None
+                         for o in op.operands])
         t = typed.setdefault(("typed", b, weights), len(typed))
         ids.append(t)
         variants[b].add(t)

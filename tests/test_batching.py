@@ -1257,12 +1257,12 @@ def test_one_row_slices_of_tensor_arguments_are_row_reads():
 
 
 class _Sequence(nn.Module):
-    """A sentence of any length through a recurrent cell, one token per step, from a zero state made in
-    ``forward``: an ``nn.GRUCell`` on one-dimensional states (from ``new_zeros``, or with ``constant_state``
-    from ``torch.zeros``), or an ``nn.LSTMCell`` on ``[1, d]`` ones read by ``tokens[t:t + 1]``; then a
-    classifier of the last state or of the states' maximum."""
+    """A sentence of any length through a recurrent cell, one token per step, from a state made in ``forward``:
+    an ``nn.GRUCell`` on one-dimensional states (zeros from ``new_zeros``, or with ``constant_state`` "zeros"
+    from ``torch.zeros``, "length" ``torch.full`` of the sentence's length), or an ``nn.LSTMCell`` on ``[1, d]``
+    ones read by ``tokens[t:t + 1]``; then a classifier of the last state or of the states' maximum."""
 
-    def __init__(self, cell: str, constant_state: bool = False):
+    def __init__(self, cell: str, constant_state: str | None = None):
         super().__init__()
         self.emb, self.out = nn.Embedding(20, 6, dtype=torch.float64), nn.Linear(6, 2, dtype=torch.float64)
         self.cell = (nn.GRUCell if cell == "gru" else nn.LSTMCell)(6, 6, dtype=torch.float64)
@@ -1270,7 +1270,9 @@ class _Sequence(nn.Module):
 
     def forward(self, tokens):
         if isinstance(self.cell, nn.GRUCell):
-            zeros = torch.zeros(6, dtype=torch.float64) if self.constant_state else self.emb.weight.new_zeros(6)
+            zeros = torch.zeros(6, dtype=torch.float64) if self.constant_state == "zeros" else \
+                torch.full((6,), tokens.shape[0] / 10, dtype=torch.float64) if self.constant_state == "length" else \
+                self.emb.weight.new_zeros(6)
             h, states = zeros, []
             for t in range(tokens.shape[0]):
                 h = self.cell(self.emb(tokens[t]), h)
@@ -1294,15 +1296,13 @@ def test_sentences_of_other_lengths_through_a_recurrent_cell_batch(cell):
     assert_shuffled_batches_match_eager(_Sequence(cell), _sentences())
 
 
-def test_a_state_made_with_torch_zeros_runs_one_by_one_and_says_why():
-    """``torch.zeros(d)`` in ``forward`` is a constant of each sample's trace: the first steps read the
-    samples' own constants beside the rows, which the union refuses, with the cell named (with only the
-    gathered state, such a batch crashed on the state's fixed row count)."""
-    model, data = _Sequence("gru", constant_state=True), _sentences()
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
-    assert_batches_match_eager(batched, model, data[::-1], through_union=False)
-    assert "gru_cell" in batched.report.unbatched_reason and "shared value" in batched.report.unbatched_reason
+@pytest.mark.parametrize("state", ["zeros", "length"])
+def test_a_state_made_with_torch_factories_in_forward_batches(state):
+    """A start state made in ``forward`` without a traced value (``torch.zeros(d)``, or ``torch.full`` of the
+    sentence's length: a value of its own per sample) is a constant of each sample's trace: the first steps of
+    all samples group, each reading its own sample's constant as a row, which a batch keeps for its samples
+    (before, the first steps stayed apart by sample and the batches ran one by one)."""
+    assert_shuffled_batches_match_eager(_Sequence("gru", constant_state=state), _sentences())
 
 
 class _FeaturesMadeInForward(nn.Module):
