@@ -50,7 +50,7 @@ from .ops.base import TensorInfo, value_info
 from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
 from .ops.losses import LOSS
-from .ops.matmul import linear_args, product_operands
+from .ops.matmul import MATMUL, linear_args, product_operands
 
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
@@ -744,10 +744,10 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         ra, rb = _rank(a), _rank(b)
         if a in analysis.rows and b in analysis.rows:
             keeps = ra == rb == rank >= 3                 # one product per row
-        elif a in analysis.rows:
-            keeps = ra == rank >= 2 and rb <= 2 or rb == 1 and ra == rank + 1 >= 2   # rows @ W, rows @ w
+        elif a in analysis.rows:   # rows @ W, rows @ w (W's batch dims, if any, after dim 0)
+            keeps = ra == rank >= 2 and (rb <= 2 or rb < rank) or rb == 1 and ra == rank + 1 >= 2
         else:
-            keeps = rb == rank >= 3 and ra <= 2           # W @ each row (the row's dims after the first)
+            keeps = rb == rank >= 3 and ra < rank         # W @ each row (the row's dims after the first)
         if not keeps:
             raise Refused(f"{_describe(node)}: a product that contracts or broadcasts the rows of samples")
         return first
@@ -836,8 +836,9 @@ def _is_elementwise(node: fx.Node) -> bool:
 
 def _pairs_rows(node: fx.Node) -> bool:
     """Whether ``node`` computes row ``i`` from row ``i`` of each of its operands with rows (elementwise ops, a
-    recurrent cell's input and state, a loss's scores and labels), which must then be laid out alike."""
-    return REGISTRY.family_of(node) in (ELEMENTWISE, CELL, LOSS)
+    recurrent cell's input and state, a loss's scores and labels, a product of two batches of matrices), which
+    must then be laid out alike."""
+    return REGISTRY.family_of(node) in (ELEMENTWISE, CELL, LOSS, MATMUL)
 
 
 def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:

@@ -7,7 +7,11 @@ distinct values (``W[type] @ h``, one ``nn.Linear`` per type; at most
 ``max_typed_groups``) become one ``linear`` per weight over that weight's rows;
 beyond that, the weights are gathered into ``[k, out, in]`` and multiplied
 with a batched matmul.
-Supported member ranks: vector/matrix combinations up to 2-D. An outer
+Supported member ranks: vector/matrix combinations up to 2-D, and products of
+batches of matrices (``c @ V @ c.T`` by a ``[d, n, n]`` tensor, as a neural
+tensor layer writes it), which broadcast as ``matmul`` does: a member's
+operands get the group's dim in front of their batch dims, where a shared
+operand's batch dims, fewer than the result's, broadcast over it. An outer
 product of vectors becomes a broadcast product of the batched vectors.
 """
 from __future__ import annotations
@@ -43,8 +47,8 @@ class Matmul(OpFamily):
         ai, bi, info = tensor_info(a), tensor_info(b), tensor_info(node)
         if ai is None or bi is None or info is None:
             return "matmul operand is not a tensor of static shape"
-        if not (1 <= ai.rank <= 2 and 1 <= bi.rank <= 2):
-            return f"matmul of ranks {ai.rank} and {bi.rank} (only vectors and matrices are grouped)"
+        if not (1 <= ai.rank <= 2 and 1 <= bi.rank <= 2 or ai.rank >= 2 and bi.rank >= 2):
+            return f"matmul of ranks {ai.rank} and {bi.rank} (a vector beside a batch of matrices is not grouped)"
         if ai.dtype != bi.dtype:
             return "matmul of mixed dtypes"
         return NeuronOp(node, self, (self.name, ai, bi), (a, b), info)
@@ -53,6 +57,13 @@ class Matmul(OpFamily):
         g = b.graph
         (a, ba), (v, bv) = (b.slot([m.operands[j] for m in members]) for j in (0, 1))
         ra, rv = (_rank(members[0].operands[j]) for j in (0, 1))
+        if max(ra, rv) >= 3:   # batches of matrices: the group's dim before each member's batch dims
+            if not (ba or bv):
+                return None   # one product for every member: it is merged, not batched
+            rank, k = members[0].info.rank, len(members)
+            a, v = (b.align(value, tensor_info(members[0].operands[j]), rank, k) if varies else value
+                    for j, (value, varies) in enumerate(((a, ba), (v, bv))))
+            return g.call_function(torch.matmul, (a, v))
         if ra == 1 and rv == 1:
             if ba and bv:
                 return g.call_method("sum", (g.call_function(torch.mul, (a, v)), -1))
