@@ -44,8 +44,8 @@ from dynamo_relational.passes.vectorize import ROW_SAMPLES, SAMPLE
 
 from .assembly import Assembly
 from .backend import use_forms
-from .ops import REGISTRY, tensor_info
-from .ops.along import values_or_indices
+from .ops import REGISTRY, NeuronOp, tensor_info
+from .ops.along import GATHER_ALONG, values_or_indices
 from .ops.base import TensorInfo, value_info
 from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
@@ -765,7 +765,12 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if operands != [args[0]]:
             raise Refused(f"{_describe(node)}: an embedding of rows needs a shared table")
         return first   # each row's index looked up
-    family = REGISTRY.family_of(node) if node.op == "call_function" else None
+    family = REGISTRY.family_of(node) if node.op in ("call_function", "call_method") else None
+    if family is GATHER_ALONG:   # within each row, by that row's indices
+        op = GATHER_ALONG.describe(node)
+        if not isinstance(op, NeuronOp) or op.template == 0 or any(a not in analysis.rows for a in op.operands):
+            raise Refused(f"{_describe(node)}: a gather across the rows of samples, or by a shared value's rows")
+        return first
     if family in (LOSS, CELL):
         if any(not isinstance(a, fx.Node) or a not in analysis.rows for a in args[:2]):
             raise Refused(f"{_describe(node)}: rows of samples beside a shared value's rows")
@@ -836,9 +841,9 @@ def _is_elementwise(node: fx.Node) -> bool:
 
 def _pairs_rows(node: fx.Node) -> bool:
     """Whether ``node`` computes row ``i`` from row ``i`` of each of its operands with rows (elementwise ops, a
-    recurrent cell's input and state, a loss's scores and labels, a product of two batches of matrices), which
-    must then be laid out alike."""
-    return REGISTRY.family_of(node) in (ELEMENTWISE, CELL, LOSS, MATMUL)
+    recurrent cell's input and state, a loss's scores and labels, a product of two batches of matrices, a
+    gather's values and indices), which must then be laid out alike."""
+    return REGISTRY.family_of(node) in (ELEMENTWISE, CELL, LOSS, MATMUL, GATHER_ALONG)
 
 
 def _merged_rows(node: fx.Node, rows: Rows, analysis: _Analysis) -> Rows:

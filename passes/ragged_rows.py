@@ -13,20 +13,26 @@ and 3 children never share a group. This pass rewrites
   ``F.linear`` and ``@`` by a shared matrix) into that op on each part; its
   other operands must broadcast along the rows: fewer dimensions, one row, or
   ``T.repeat(k, 1)`` / ``T.expand(k, d)`` of a one-row ``T`` (read as ``T``),
-  or, for an elementwise op of stacked parts, have a row per part
-  (``torch.stack(h) - targets``: part ``j`` reads ``targets[j]``);
+  or, for an op of one-row parts (stacked, or joined rows), have a row per part computed
+  from other values (``torch.stack(h) - targets``: part ``j`` reads ``targets[j]``, read through
+  layout ops within the rows: ``labels[:, None]``'s part is ``labels[j]`` reshaped);
 * ``S = stack(parts, 0)`` of parts of one shape (any rank: a node's scores, one
   number per neighbour) likewise, each part one row of ``S``;
 * ``sum``, ``mean`` (and, for one-row parts, ``amax`` / ``amin``) over dim 0 of
   a ragged value into ``torch.stack(parts).sum(0)`` (of the parts' sums where
   they have several rows), which the aggregation pass makes an n-ary
-  aggregate, merged into the reader's sum where that is one;
+  aggregate, merged into the reader's sum where that is one; a ``sum`` or
+  ``mean`` over all dims likewise, then over the row's own;
 * ``softmax`` / ``log_softmax`` over dim 0 of a ragged value of one-row parts
   (attention over a node's neighbours) into its parts ``exp(p_j - m) / z`` /
   ``p_j - m - log(z)``, with ``m`` the parts' n-ary maximum (detached: a
   softmax does not change with the shift, nor does its gradient) and ``z`` the
   n-ary sum of ``exp(p_j - m)``: the same formula as eager's kernel;
 * ``softmax`` / ``log_softmax`` within each row (``log_softmax(scores, 1)``) into the same on each part;
+* ``torch.gather`` within each row of one-row parts by an index with a row per part
+  (``logp.gather(1, labels[:, None])``: a node's label's log-probability) into each part's gather by its
+  row of the index, read through the layout op as that op of ``labels[j]`` (a row read of a sample's
+  argument in a union);
 * ``F.cross_entropy`` / ``F.nll_loss`` of a ragged value of one-row parts (a row of scores each) and a
   label per row, reduced to a sum or mean, into each part's loss of its label ``labels[j]`` and their
   n-ary sum (for a mean, divided by the n-ary count of labels that are not ``ignore_index``: eager's
@@ -68,7 +74,7 @@ import torch.fx as fx
 from dynamo_relational.nodes import new_node
 from dynamo_relational.ops import REGISTRY, NeuronOp, TensorInfo, tensor_info
 from dynamo_relational.ops.base import node_args
-from dynamo_relational.ops.along import ALONG
+from dynamo_relational.ops.along import ALONG, GATHER_ALONG
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
 from dynamo_relational.ops.losses import LOSS, LossCall, loss_call
 from dynamo_relational.ops.facts import writes
@@ -127,7 +133,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     pending = [(position[n], n) for n in joins]
     heapq.heapify(pending)
     ragged: dict[fx.Node, _Ragged] = {}
-    reductions: list[tuple[fx.Node, fx.Node, str, bool]] = []
+    reductions: list[tuple[fx.Node, fx.Node, str]] = []
     part_reads: list[tuple[fx.Node, fx.Node, int]] = []
     losses: list[tuple[fx.Node, LossCall]] = []
     visited: set[fx.Node] = set()
@@ -155,7 +161,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         part = _part_read(node, ragged)
         if part is not None:
             part_reads.append((node, *part))
-    read = [x for _, x, _, _ in reductions] + [x for _, x, _ in part_reads] + [call.input for _, call in losses]
+    read = [x for _, x, _ in reductions] + [x for _, x, _ in part_reads] + [call.input for _, call in losses]
     if ctx.in_union:
         read += _read_whole_beside_own_values(ragged, set(read))
     needed = _reaching(read, ragged)
@@ -170,9 +176,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     def live(nodes: list) -> list:
         return [replaced.get(n, n) for n in nodes]
 
-    for node, x, name, keepdim in reductions:
+    for node, x, name in reductions:
         if x in parts:
-            replaced[node] = _reduce_parts(graph, node, live(parts[x]), ragged[x], name, keepdim)
+            replaced[node] = _reduce_parts(graph, node, live(parts[x]), ragged[x], name)
     for node, x, j in part_reads:
         node.replace_all_uses_with(live(parts[x])[j])
         graph.erase_node(node)
@@ -190,7 +196,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         for copy in ragged[node].reads:
             if not copy.users and _broadcast_copy(copy) is not None:
                 graph.erase_node(copy)   # a repeat / expand whose one-row source the parts read instead
-    ctx.stats["ragged_reductions"] = sum(1 for _, x, _, _ in reductions if x in parts) + sum(
+        for rows in ragged[node].indexed:
+            if not rows.users and _within_rows_of(rows) is not None:
+                graph.erase_node(rows)   # labels[:, None], whose rows the parts read of labels instead
+    ctx.stats["ragged_reductions"] = sum(1 for _, x, _ in reductions if x in parts) + sum(
         1 for x in parts if ragged[x].softmax is not None)
     return gm
 
@@ -220,17 +229,22 @@ def _join(node: fx.Node) -> _Ragged | None:
 
 def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
     """The ragged value ``node`` makes, if it is a row-wise op of ragged operands of one layout (k parts
-    of the same number of rows) and of operands that broadcast along the rows, or, for an elementwise op of
-    stacked parts, that have a row per part (``torch.stack(h) - targets``: part ``j`` reads ``targets[j]``)."""
+    of the same number of rows) and of operands that broadcast along the rows, or, for an op of one-row parts,
+    that have a row per part computed from other values (``torch.stack(h) - targets``: part ``j`` reads
+    ``targets[j]``); a gather within each row (by such indices) likewise."""
     info = tensor_info(node)
     if info is None or info.rank < 1 or writes(node):
         return None
     linear, product = linear_args(node), product_operands(node)
     broadcast: list = []
+    gather = GATHER_ALONG.describe(node) if REGISTRY.family_of(node) is GATHER_ALONG else None
     if linear is not None:
         rowed, matrix = [linear.x], [a for a in (linear.weight, linear.bias) if a is not None]
     elif product is not None:
         rowed, matrix = [product[0]], [product[1]]
+    elif isinstance(gather, NeuronOp) and gather.template != 0:   # within each row, by an index per row
+        rowed, matrix = [a for a in gather.operands if a in ragged], []
+        broadcast = [a for a in gather.operands if a not in ragged]
     elif REGISTRY.family_of(node) is ELEMENTWISE and not draws_random_numbers(node):
         operands = [a for a in (*node.args, *node.kwargs.values()) if isinstance(a, fx.Node)]
         rowed, matrix = [a for a in operands if a in ragged], []
@@ -254,15 +268,20 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
         return None
     reads, indexed = {}, []
     for a in broadcast:
-        source = _broadcast_source(a, info, stacked)
+        source = _broadcast_source(a, info, stacked) if gather is None else None   # (gather does not broadcast)
         a_info = tensor_info(a)
         if source is not None:
             reads[a] = source
-        elif stacked and a_info is not None and a_info.rank == info.rank and a_info.shape[0] == first.k:
-            indexed.append(a)   # a row per part (a target per node): part j reads a[j]
+        elif first.one_row_parts() and a_info is not None and a_info.rank == info.rank and a_info.shape[0] == first.k \
+                and not any(b in ragged for b in a.all_input_nodes):
+            indexed.append(a)   # a row per part from elsewhere (a target per node): part j reads a[j] (a[j:j + 1])
         else:
             return None
-    return _row_value(info, first, reads=reads, indexed=tuple(indexed))
+    call = None
+    if gather is not None:   # (the same call on each part, along the part's own dim)
+        assert isinstance(gather, NeuronOp)
+        call = ("call_function", torch.gather, (gather.operands[0], gather.template - stacked, gather.operands[1]))
+    return _row_value(info, first, reads=reads, indexed=tuple(indexed), call=call)
 
 
 def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
@@ -381,16 +400,18 @@ def _broadcast_copy(node: fx.Node, info: TensorInfo | None = None) -> fx.Node | 
     return source if padded[0] == 1 and padded[1:] == copied.shape[1:] else None
 
 
-def _row_reduction(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.Node, str, bool] | None:
-    """``(x, reduction, keepdim)`` if ``node`` reduces a ragged floating ``x`` over its rows (dim 0) alone."""
+def _row_reduction(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.Node, str] | None:
+    """``(x, reduction)`` if ``node`` reduces a ragged floating ``x`` over its rows (dim 0) alone, or,
+    summing or averaging, over all of its dims."""
     if REGISTRY.family_of(node) is not REDUCE:
         return None
     r = reduced(node)
-    if isinstance(r, str) or r.input not in ragged or r.name not in _ROW_REDUCTIONS or r.dims != (0,):
+    if isinstance(r, str) or r.input not in ragged or r.name not in _ROW_REDUCTIONS or r.dims != (0,) and not (
+            r.name in ("sum", "mean") and r.dims == tuple(range(r.info.rank))):
         return None
     if r.name in ("amax", "amin") and not ragged[r.input].one_row_parts():
         return None   # ties across parts would share the gradient otherwise than eager's
-    return r.input, r.name, r.keepdim
+    return r.input, r.name
 
 
 def _loss_per_row(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
@@ -494,13 +515,49 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
         for j in range(value.k):
             def operand(a, j=j):
                 if a in value.indexed:
-                    return make("call_function", operator.getitem, _row_info(a), a, j)
+                    return _indexed_part(make, a, j, value.stacked)
                 return parts[a][j] if a in parts else value.reads.get(a, a)
             op, target, args = (node.op, node.target, node.args) if value.call is None else value.call
             args = fx.node.map_arg(args, operand)
             kwargs = fx.node.map_arg(node.kwargs, operand) if value.call is None else {}   # (a call's are its args)
             made.append(make(op, target, value.part, *args, kwargs=kwargs))
     return made
+
+
+def _indexed_part(make: "_Maker", a: fx.Node, j: int, stacked: bool) -> fx.Node:
+    """Row ``j`` of ``a``, which has a row per part: ``a[j]`` for a stacked part, ``a[j:j + 1]`` for a one-row
+    part; read through a layout op within the rows (``labels[:, None]``, ``labels.unsqueeze(1)``,
+    ``labels.view(-1, 1)``) as that op of ``labels``' row, a row read of a sample's argument in a union."""
+    info = tensor_info(a)
+    assert info is not None   # (indexed operands have static shapes)
+    part = TensorInfo(info.shape[1:] if stacked else (1, *info.shape[1:]), info.dtype, info.device)
+    source = _within_rows_of(a)
+    at = source if source is not None else a
+    source_info = tensor_info(at)
+    assert source_info is not None
+    row = TensorInfo(source_info.shape[1:] if stacked else (1, *source_info.shape[1:]), info.dtype, info.device)
+    read = make("call_function", operator.getitem, row, at, j if stacked else slice(j, j + 1))
+    return read if source is None else make("call_method", "reshape", part, read, part.shape)
+
+
+def _within_rows_of(a: fx.Node) -> fx.Node | None:
+    """The value that ``a`` lays out anew within each of its rows (``x[:, None]``, ``x.unsqueeze(d)`` with
+    ``d`` > 0, ``x.view(k, ...)`` / ``x.reshape(k, ...)`` with as many rows), else None."""
+    if a.op not in ("call_function", "call_method") or not a.args or not isinstance(a.args[0], fx.Node) \
+            or a.kwargs:
+        return None
+    x, info, x_info = a.args[0], tensor_info(a), tensor_info(a.args[0])
+    if info is None or x_info is None or not info.shape or not x_info.shape or info.shape[0] != x_info.shape[0]:
+        return None
+    target, rest = a.target, a.args[1:]
+    if target is operator.getitem:
+        index = rest[0] if len(rest) == 1 else None
+        new_axes = isinstance(index, tuple) and index and index[0] == slice(None) and \
+            all(i is None or i == slice(None) for i in index[1:])
+        return x if new_axes else None
+    if target in ("unsqueeze", torch.unsqueeze):
+        return x if len(rest) == 1 and type(rest[0]) is int and rest[0] % (x_info.rank + 1) != 0 else None
+    return x if target in ("view", "reshape", torch.reshape) else None
 
 
 class _Maker:
@@ -521,20 +578,23 @@ class _Maker:
         return self("call_method", reduce, row, stacked, 0)
 
 
-def _reduce_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, name: str, keepdim: bool) -> fx.Node:
+def _reduce_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, name: str) -> fx.Node:
     """Replace ``node``, a reduction over the rows of a ragged value, by one over its ``parts``; returns that."""
     part = value.part
     row = part if value.stacked else TensorInfo((1, *part.shape[1:]), part.dtype, part.device)
     make = _Maker(graph, node)
     rows = 1 if value.stacked else part.shape[0]
     reduce = "sum" if name == "mean" and rows != 1 else name
+    info = tensor_info(node)
     with graph.inserting_before(node):
         terms = parts if rows == 1 else [make("call_method", "sum", row, p, 0, True) for p in parts]
         total = make.aggregate(reduce, terms, row)
         if reduce != name:
             total = make("call_function", operator.truediv, row, total, value.k * rows)
-        if keepdim == value.stacked:   # (a stacked part lacks the row dimension, a one-row part has it)
-            total = make("call_method", "reshape", tensor_info(node), total, tensor_info(node).shape)
+        if reduced(node).dims != (0,):   # over every dim: then over the row's own (as many elements each)
+            total = make("call_method", name, TensorInfo((), row.dtype, row.device), total)
+        if tensor_info(total).shape != info.shape:   # (keepdim, or a stacked part's missing row dimension)
+            total = make("call_method", "reshape", info, total, info.shape)
     node.replace_all_uses_with(total)
     graph.erase_node(node)
     return total

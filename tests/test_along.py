@@ -1,7 +1,7 @@
 """The along family: softmax, log_softmax, softmin, cumsum, cumprod, logsumexp, logcumsumexp, glu, F.normalize,
 vector norms, std and var inside one neuron group along the members' dimensions shifted by one, and match eager
 (attention over a neuron's in-neighbours, as in GAT, is the common case); so do products of stacked values,
-cosine similarities and pairwise distances."""
+cosine similarities, pairwise distances and gathers by each neuron's own index."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -178,3 +178,28 @@ def test_a_similarity_of_values_of_different_shapes_is_left_ungrouped_and_right(
                                                torch.randn(len(NEIGHBORS), 2, 3, dtype=torch.float64),
                                                inductor=False).report.graphs[0]
     assert any(reason.startswith("cosine_similarity of values other than") for reason in report.ungrouped)
+
+
+class LabelScores(nn.Module):
+    """Each neuron's log-probability of its label, ``scores.gather(1, labels[v:v + 1, None])``, plus that of
+    the first class, by an index that every neuron shares (the group expands it to its rows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, x, labels):
+        first = torch.zeros(1, 1, dtype=torch.long)
+        out = []
+        for v in range(x.shape[0]):
+            scores = F.log_softmax(self.lin(x[v:v + 1]), 1)
+            out.append(scores.gather(1, labels[v:v + 1, None]) + torch.gather(scores, -1, first))
+        return torch.cat(out)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_a_gather_by_each_neurons_own_index_groups_and_matches_eager(front_end):
+    torch.manual_seed(0)
+    x, labels = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
+    report = report_matching_eager(front_end, LabelScores(), x, labels, inductor=False)
+    assert not any("gather" in reason for reason in report.ungrouped), report.ungrouped

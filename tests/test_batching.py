@@ -362,6 +362,36 @@ def test_results_with_a_row_per_node_join_the_samples_rows(style):
     assert batched.report.unbatched == 0 and batched.report.groupings == 1
 
 
+class _HandWrittenLikelihood(TreeRNN):
+    """The negative log-likelihood of every node's label, picked out of its log-probabilities with ``gather``
+    as per-node code computes it by hand: ``-logp.gather(1, labels[:, None]).mean()`` (``style`` "mean"),
+    ``labels.unsqueeze(1)`` and a sum ("sum"), or the states joined as one-row tensors and ``labels.view(-1,
+    1)`` ("cat")."""
+
+    def __init__(self, style: str):
+        super().__init__(4, hidden=5)
+        self.style, self.out = style, nn.Linear(5, 3)
+
+    def forward(self, children, x, labels):
+        h = [None] * len(children)
+        for v in reversed(range(len(children))):
+            own = self.W(x[v])
+            h[v] = torch.tanh(own + self.U(sum(h[c] for c in children[v])) if children[v] else own)
+        states = torch.cat([state.unsqueeze(0) for state in h]) if self.style == "cat" else torch.stack(h)
+        logp = F.log_softmax(self.out(states), dim=1)
+        if self.style == "mean":
+            return -logp.gather(1, labels[:, None]).mean()
+        return -logp.gather(1, labels.unsqueeze(1) if self.style == "sum" else labels.view(-1, 1)).sum()
+
+
+@pytest.mark.parametrize("style", ["mean", "sum", "cat"])
+def test_a_likelihood_written_with_gather_by_each_nodes_label_batches(style):
+    generator = torch.Generator().manual_seed(0)
+    data = [(children, x, torch.randint(0, 3, (len(children),), generator=generator))
+            for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
+    assert_shuffled_batches_match_eager(_HandWrittenLikelihood(style).double(), data)
+
+
 def test_a_result_read_as_a_whole_per_sample_runs_the_samples_one_by_one():
     """Prefix sums over a sample's rows: one op on the union's joined rows would mix the samples."""
     data = dataset("treernn", 10, features=4, dtype=torch.float64)

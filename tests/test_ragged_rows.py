@@ -62,11 +62,12 @@ CHILDREN = [[1, 2], [3], [3, 4, 5], [], [0, 1], [2]]
 
 
 class RowOps(nn.Module):
-    """Per node: the neighbours' rows joined, then row-wise ops of every kind the pass splits, reduced."""
+    """Per node: the neighbours' rows joined, then row-wise ops of every kind the pass splits, reduced over the
+    rows (or, ``every_dim``, over all dims)."""
 
-    def __init__(self, reduce: str, keepdim: bool, rows: int = 1):
+    def __init__(self, reduce: str, keepdim: bool, rows: int = 1, every_dim: bool = False):
         super().__init__()
-        self.reduce, self.keepdim, self.rows = reduce, keepdim, rows
+        self.reduce, self.keepdim, self.rows, self.every_dim = reduce, keepdim, rows, every_dim
         self.lin = nn.Linear(HIDDEN, HIDDEN, dtype=torch.float64)
         self.w = nn.Parameter(torch.randn(HIDDEN, HIDDEN, dtype=torch.float64))
 
@@ -79,7 +80,8 @@ class RowOps(nn.Module):
             own = x[v % ROWS:v % ROWS + 1]
             z = torch.tanh(self.lin(h) + own.expand(len(h), HIDDEN)) * torch.sigmoid(h @ self.w)
             z = torch.where(h > 0, z, 0.5 * z) - x[v % ROWS]             # a 1-d operand broadcasts too
-            out.append(getattr(z, self.reduce)(0, keepdim=self.keepdim).reshape(-1))
+            dims = (0, 1) if self.every_dim else 0
+            out.append(getattr(z, self.reduce)(dims, keepdim=self.keepdim).reshape(-1))
         return torch.stack(out)
 
 
@@ -90,6 +92,15 @@ def test_row_wise_ops_over_joined_rows_become_ops_on_each_part(front_end, reduce
     torch.manual_seed(0)
     x = torch.randn(ROWS + 1, HIDDEN, dtype=torch.float64)
     report = report_matching_eager(front_end, RowOps(reduce, keepdim, rows), x, inductor=False)
+    assert report.stats["ragged_reductions"] == len(CHILDREN)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+@pytest.mark.parametrize("reduce, keepdim, rows", [("sum", False, 1), ("mean", True, 2)])
+def test_a_sum_or_mean_over_every_dim_of_joined_rows_becomes_one_over_each_part(front_end, reduce, keepdim, rows):
+    torch.manual_seed(0)
+    x = torch.randn(ROWS + 1, HIDDEN, dtype=torch.float64)
+    report = report_matching_eager(front_end, RowOps(reduce, keepdim, rows, every_dim=True), x, inductor=False)
     assert report.stats["ragged_reductions"] == len(CHILDREN)
 
 

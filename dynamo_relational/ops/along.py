@@ -1,6 +1,7 @@
 """Ops along dimensions of one neuron's value: ``softmax``, ``log_softmax``, ``softmin``, ``cumsum``,
 ``cumprod``, ``logsumexp``, ``logcumsumexp``, ``F.glu``, ``F.normalize``, vector norms, ``std`` and
 ``var`` (``att = torch.softmax(scores, 0)``, ``h / h.norm()``, ``torch.stack(messages).std(0)``);
+``torch.gather`` of a value by an index of its own (``scores.gather(1, label)``);
 ``F.layer_norm`` / ``F.rms_norm`` over a neuron's trailing dimensions; and comparisons of two values
 along a dimension (``F.cosine_similarity``, ``F.pairwise_distance``).
 
@@ -234,6 +235,41 @@ class Similarity(OpFamily):
 
 
 SIMILARITY = register(Similarity(), functions=list(Similarity._NAMES))
+
+
+class GatherAlong(OpFamily):
+    """``torch.gather(x, dim, index)`` (``x.gather(dim, index)``) within one neuron's value: a label's score
+    out of a node's scores (``scores.gather(1, label)``). The group gathers the batched values along the
+    members' ``dim`` shifted by one, each row by its own row of the batched indices (an index or a value that
+    the group shares is expanded to its rows: gather does not broadcast). Legal because gather reads each
+    index's element from the slice of ``x`` at the same position of the other dims, which is the member's
+    own row."""
+    name = "gather_along"
+    _NAMES = ("input", "dim", "index", "sparse_grad", "out")
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        args = node_args(node, self._NAMES)
+        if args is None or not isinstance(args.get("input"), fx.Node) or not isinstance(args.get("index"), fx.Node) \
+                or args.get("sparse_grad", False) is not False or args.get("out") is not None:
+            return "gather with unexpected arguments"
+        x, dim, index = args["input"], args.get("dim"), args["index"]
+        xi, ii, info = tensor_info(x), tensor_info(index), tensor_info(node)
+        if xi is None or ii is None or info is None or xi.rank == 0 or ii.rank != xi.rank or ii.dtype != torch.int64:
+            return "gather of something other than values and int64 indices of one static rank"
+        if type(dim) is not int or not -xi.rank <= dim < xi.rank:
+            return f"gather along dim={dim!r}"
+        return NeuronOp(node, self, (self.name, dim % xi.rank, xi, ii), (x, index), info, (), dim % xi.rank)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        (x, x_varies), (index, index_varies) = (b.slot([m.operands[j] for m in members]) for j in (0, 1))
+        if not (x_varies or index_varies):
+            return None   # one gather for every member: it is merged, not batched
+        x, index = (value if varies else b.gather([m.operands[j] for m in members])
+                    for j, (value, varies) in enumerate(((x, x_varies), (index, index_varies))))
+        return b.graph.call_function(torch.gather, (x, members[0].template + 1, index))
+
+
+GATHER_ALONG = register(GatherAlong(), functions=[torch.gather], methods=["gather"])
 
 
 #: ops that return (values, indices) along a dimension -> their argument names (method and function alike)
