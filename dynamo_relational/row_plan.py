@@ -57,7 +57,8 @@ _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 _SEGMENT_REDUCE = torch.ops.dynamo_relational.segment_reduce.default
 #: calls that work along the dims their ``dim`` argument names (read from the op's schema)
 _ALONG = {"sum", "mean", "amax", "amin", "prod", "softmax", "log_softmax", "logsumexp", "cumsum", "cumprod",
-          "norm", "std", "var", "max", "min", "argmax", "argmin", "all", "any", "normalize", "glu"}
+          "norm", "linalg_vector_norm", "std", "var", "max", "min", "argmax", "argmin", "all", "any", "normalize",
+          "glu"}
 #: what an empty tensor's buffer name replaces in its shape, dtype and device (``torch.float32``, ``cuda:0``)
 _NAME = str.maketrans(".:", "__")
 #: methods and functions that keep every row as it is (no dims, or dtype only)

@@ -15,7 +15,8 @@ and 3 children never share a group. This pass rewrites
   ``T.repeat(k, 1)`` / ``T.expand(k, d)`` of a one-row ``T`` (read as ``T``),
   or, for an op of one-row parts (stacked, or joined rows), have a row per part computed
   from other values (``torch.stack(h) - targets``: part ``j`` reads ``targets[j]``, read through
-  layout ops within the rows: ``labels[:, None]``'s part is ``labels[j]`` reshaped);
+  layout ops within the rows and elementwise ops of one value and numbers: ``labels[:, None]``'s
+  part is ``labels[j]`` reshaped, ``(labels > 1).double()``'s is ``(labels[j] > 1).double()``);
 * ``S = stack(parts, 0)`` of parts of one shape (any rank: a node's scores, one
   number per neighbour) likewise, each part one row of ``S``;
 * ``sum``, ``mean`` (and, for one-row parts, ``amax`` / ``amin``) over dim 0 of
@@ -28,7 +29,8 @@ and 3 children never share a group. This pass rewrites
   ``p_j - m - log(z)``, with ``m`` the parts' n-ary maximum (detached: a
   softmax does not change with the shift, nor does its gradient) and ``z`` the
   n-ary sum of ``exp(p_j - m)``: the same formula as eager's kernel;
-* ``softmax`` / ``log_softmax`` within each row (``log_softmax(scores, 1)``) into the same on each part;
+* an op of the along family within each row (``log_softmax(scores, 1)``, ``h.norm(dim=1)``,
+  ``torch.logsumexp(scores, 1)``) into the same on each part;
 * ``torch.gather`` within each row of one-row parts by an index with a row per part
   (``logp.gather(1, labels[:, None])``: a node's label's log-probability) into each part's gather by its
   row of the index, read through the layout op as that op of ``labels[j]`` (a row read of a sample's
@@ -86,7 +88,7 @@ from .context import PassContext
 
 #: the joins whose parts become a ragged value, with the name of their dimension argument
 _JOINS = {torch.cat: "dim", torch.concat: "dim", torch.concatenate: "axis"}
-_SOFTMAXES = {"softmax": torch.softmax, "log_softmax": torch.log_softmax}
+_SOFTMAXES = ("softmax", "log_softmax")
 #: the reductions over rows that end a ragged value; amax and amin only over one-row parts
 _ROW_REDUCTIONS = ("sum", "mean", "amax", "amin")
 
@@ -104,8 +106,8 @@ class _Ragged:
     reads: dict = field(default_factory=dict)
     #: for a softmax over the rows: ("softmax" or "log_softmax", its operand)
     softmax: tuple | None = None
-    #: the call on each part where it is not the node's own: (op, target, args) (a dimension counted without the
-    #: rows' in a stacked part, a new axis as a reshape)
+    #: the call on each part where it is not the node's own: (op, target, args[, kwargs]) (a dimension counted
+    #: without the rows' in a stacked part, a new axis as a reshape)
     call: tuple | None = None
     #: non-ragged operands of which part ``j`` reads row ``j`` (the labels of a loss per row)
     indexed: tuple = ()
@@ -144,7 +146,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         visited.add(node)
         found = _join(node)
         if found is None:
-            found = _row_wise(node, ragged) or _row_layout(node, ragged) or _row_softmax(node, ragged) \
+            found = _row_wise(node, ragged) or _row_layout(node, ragged) or _row_along(node, ragged) \
                 or _loss_per_row(node, ragged)
         if found is not None:
             ragged[node] = found
@@ -184,6 +186,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         graph.erase_node(node)
     for node, call in losses:
         _loss_of_parts(graph, node, live(parts[call.input]), ragged[call.input], call)
+    unread = [call.target for _, call in losses]   # (targets and indices that the parts read row by row)
     for node in reversed(order):   # readers first
         if node.users and not ragged[node].joined:   # read elsewhere too: rows joined again for them
             with graph.inserting_after(node):
@@ -196,9 +199,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         for copy in ragged[node].reads:
             if not copy.users and _broadcast_copy(copy) is not None:
                 graph.erase_node(copy)   # a repeat / expand whose one-row source the parts read instead
-        for rows in ragged[node].indexed:
-            if not rows.users and _within_rows_of(rows) is not None:
-                graph.erase_node(rows)   # labels[:, None], whose rows the parts read of labels instead
+        unread += ragged[node].indexed
+    _erase_unread(graph, unread)
     ctx.stats["ragged_reductions"] = sum(1 for _, x, _ in reductions if x in parts) + sum(
         1 for x in parts if ragged[x].softmax is not None)
     return gm
@@ -285,9 +287,10 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
 
 
 def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
-    """The ragged value ``node`` makes, if it changes the layout within the rows of a ragged value: ``x.unsqueeze(d)``
-    and ``x[:, None]`` (``d`` > 0), or ``cat([x, ...], d)`` of ragged values of one layout and of copies of one
-    part along the rows (``T.expand(k, ...)``: each part reads ``T``)."""
+    """The ragged value ``node`` makes, if it changes the layout within the rows of a ragged value:
+    ``x.unsqueeze(d)`` and ``x[:, None]`` (``d`` > 0), ``x[:, 0]`` (constant indices within each row), or
+    ``cat([x, ...], d)`` of ragged values of one layout and of copies of one part along the rows
+    (``T.expand(k, ...)``: each part reads ``T``)."""
     info = tensor_info(node)
     if info is None or node.kwargs or len(node.args) != 2 or node.op not in ("call_function", "call_method"):
         return None
@@ -296,14 +299,18 @@ def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None
         if x not in ragged or type(where) is not int or where % info.rank == 0:
             return None
         call = (node.op, target, (x, where % info.rank - 1))
-    elif target is operator.getitem:   # x[:, None]: new axes alone, each part reshaped to its new shape
-        if x not in ragged or type(where) is not tuple or not where or where[0] != slice(None) \
-                or not all(i is None or i == slice(None) for i in where[1:]):
+    elif target is operator.getitem:
+        if x not in ragged or type(where) is not tuple or not where or where[0] != slice(None):
             return None
-        value = _row_value(info, ragged[x])
-        if value is not None:
-            value.call = ("call_method", "reshape", (x, value.part.shape))
-        return value
+        if all(i is None or i == slice(None) for i in where[1:]):   # x[:, None]: each part reshaped
+            value = _row_value(info, ragged[x])
+            if value is not None:
+                value.call = ("call_method", "reshape", (x, value.part.shape))
+            return value
+        if not all(i is None or type(i) is int or type(i) is slice and all(
+                b is None or type(b) is int for b in (i.start, i.stop, i.step)) for i in where[1:]):
+            return None
+        call = ("call_function", operator.getitem, (x, where[1:]))   # x[:, 0]: the same within each row
     elif node.op == "call_function" and target in tuple(_JOINS) and isinstance(x, (list, tuple)) \
             and type(where) is int and where % info.rank != 0:   # (a tuple: no hashing of the target)
         rowed = [a for a in x if a in ragged]
@@ -333,27 +340,26 @@ def _row_value(info: TensorInfo, layout: _Ragged, **fields) -> _Ragged | None:
     return _Ragged(layout.k, TensorInfo(part, info.dtype, info.device), stacked=layout.stacked, **fields)
 
 
-def _row_softmax(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
-    """The ragged value ``node`` makes, if it is a softmax or log_softmax of a ragged floating value, in that
-    value's dtype: over the rows (dim 0) of one-row parts, or within each row (``log_softmax(scores, 1)``:
-    the same on each part, along its own dim)."""
+def _row_along(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
+    """The ragged value ``node`` makes, if it is an op of the along family of a ragged value: within each row
+    (``log_softmax(scores, 1)``, ``h.norm(dim=1)``: the same on each part, along its own dims), or a softmax or
+    log_softmax over the rows (dim 0) of one-row parts, in their dtype."""
     if REGISTRY.family_of(node) is not ALONG:
         return None
-    op = ALONG.describe(node)
-    if not isinstance(op, NeuronOp) or op.template[0] not in ("softmax", "log_softmax") \
-            or op.template[2].get("dtype") is not None:
+    op, info = ALONG.describe(node), tensor_info(node)
+    if not isinstance(op, NeuronOp) or info is None:
         return None
     x = op.operands[0]
     value = ragged.get(x)
-    if value is None or not value.part.dtype.is_floating_point:
+    if value is None:
         return None
-    dim = op.template[1]
-    if dim != 0:   # (dims counted in the ragged value; a stacked part lacks its first)
-        call = ("call_function", _SOFTMAXES[op.template[0]], (x, dim - value.stacked))
-        return _Ragged(value.k, value.part, stacked=value.stacked, call=call)
-    if not value.one_row_parts():
+    name, dims, extra = op.template
+    if 0 not in (dims if isinstance(dims, tuple) else (dims,)):   # (dims counted in the ragged value)
+        function, kwargs = ALONG.call(op.template, -value.stacked)   # (a stacked part lacks the first)
+        return _row_value(info, value, call=("call_function", function, (x,), kwargs))
+    if name not in _SOFTMAXES or extra.get("dtype") is not None or not value.one_row_parts():
         return None
-    return _Ragged(value.k, value.part, stacked=value.stacked, softmax=(op.template[0], x))
+    return _Ragged(value.k, value.part, stacked=value.stacked, softmax=(name, x))
 
 
 def _part_read(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.Node, int] | None:
@@ -453,10 +459,9 @@ def _loss_of_parts(graph: fx.Graph, node: fx.Node, parts: list, value: _Ragged, 
     make, info = _Maker(graph, node), tensor_info(node)
     scores = TensorInfo(value.part.shape[-1:] if call.classes else value.part.shape, value.part.dtype,
                         value.part.device)
-    target = _row_info(call.target)
     options = {**dict(call.passed), "reduction": "sum"}
     with graph.inserting_before(node):
-        labels = [make("call_function", operator.getitem, target, call.target, j) for j in range(value.k)]
+        labels = [_indexed_part(make, call.target, j, stacked=True) for j in range(value.k)]
         rows = parts if value.stacked else [make("call_method", "reshape", scores, p, scores.shape) for p in parts]
         terms = [make("call_function", node.target, info, row, y, kwargs=options) for row, y in zip(rows, labels)]
         total = make.aggregate("sum", terms, info)
@@ -517,27 +522,57 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
                 if a in value.indexed:
                     return _indexed_part(make, a, j, value.stacked)
                 return parts[a][j] if a in parts else value.reads.get(a, a)
-            op, target, args = (node.op, node.target, node.args) if value.call is None else value.call
+            op, target, args, *keywords = (node.op, node.target, node.args, node.kwargs) if value.call is None \
+                else value.call
             args = fx.node.map_arg(args, operand)
-            kwargs = fx.node.map_arg(node.kwargs, operand) if value.call is None else {}   # (a call's are its args)
+            kwargs = fx.node.map_arg(keywords[0], operand) if keywords else {}
             made.append(make(op, target, value.part, *args, kwargs=kwargs))
     return made
 
 
 def _indexed_part(make: "_Maker", a: fx.Node, j: int, stacked: bool) -> fx.Node:
     """Row ``j`` of ``a``, which has a row per part: ``a[j]`` for a stacked part, ``a[j:j + 1]`` for a one-row
-    part; read through a layout op within the rows (``labels[:, None]``, ``labels.unsqueeze(1)``,
-    ``labels.view(-1, 1)``) as that op of ``labels``' row, a row read of a sample's argument in a union."""
+    part; read through layout ops within the rows (``labels[:, None]``, ``labels.unsqueeze(1)``,
+    ``labels.view(-1, 1)``) and elementwise ops of one value and numbers (``(labels > 1).double()``) as those
+    ops of the value's row: in a union, a row read of a sample's argument."""
     info = tensor_info(a)
-    assert info is not None   # (indexed operands have static shapes)
+    assert info is not None   # (indexed operands and what they are computed from have static shapes)
     part = TensorInfo(info.shape[1:] if stacked else (1, *info.shape[1:]), info.dtype, info.device)
     source = _within_rows_of(a)
-    at = source if source is not None else a
-    source_info = tensor_info(at)
-    assert source_info is not None
-    row = TensorInfo(source_info.shape[1:] if stacked else (1, *source_info.shape[1:]), info.dtype, info.device)
-    read = make("call_function", operator.getitem, row, at, j if stacked else slice(j, j + 1))
-    return read if source is None else make("call_method", "reshape", part, read, part.shape)
+    if source is not None:
+        return make("call_method", "reshape", part, _indexed_part(make, source, j, stacked), part.shape)
+    source = _elementwise_of_one(a)
+    if source is not None:
+        row = _indexed_part(make, source, j, stacked)
+        args, kwargs = fx.node.map_arg((a.args, a.kwargs), lambda n: row if n is source else n)
+        return make(a.op, a.target, part, *args, kwargs=kwargs)
+    return make("call_function", operator.getitem, part, a, j if stacked else slice(j, j + 1))
+
+
+def _erase_unread(graph: fx.Graph, read: list[fx.Node]) -> None:
+    """Erase the values ``read``, which the parts read row by row (:func:`_indexed_part`), and what they were
+    computed from that way, as far as nothing else reads them (``labels[:, None]``: in a union, a read of the
+    whole labels)."""
+    erased: set[fx.Node] = set()
+    for rows in read:
+        while rows not in erased and not rows.users:
+            source = _within_rows_of(rows) or _elementwise_of_one(rows)
+            if source is None:
+                break
+            graph.erase_node(rows)
+            erased.add(rows)
+            rows = source
+
+
+def _elementwise_of_one(a: fx.Node) -> fx.Node | None:
+    """The one tensor that ``a``, an elementwise op of it and numbers of its shape, reads, else None."""
+    if REGISTRY.family_of(a) is not ELEMENTWISE or draws_random_numbers(a) or writes(a):
+        return None
+    tensors = a.all_input_nodes
+    if len(tensors) != 1:
+        return None
+    info, source = tensor_info(a), tensor_info(tensors[0])
+    return tensors[0] if info is not None and source is not None and info.shape == source.shape else None
 
 
 def _within_rows_of(a: fx.Node) -> fx.Node | None:

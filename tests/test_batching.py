@@ -362,11 +362,12 @@ def test_results_with_a_row_per_node_join_the_samples_rows(style):
     assert batched.report.unbatched == 0 and batched.report.groupings == 1
 
 
-class _HandWrittenLikelihood(TreeRNN):
-    """The negative log-likelihood of every node's label, picked out of its log-probabilities with ``gather``
-    as per-node code computes it by hand: ``-logp.gather(1, labels[:, None]).mean()`` (``style`` "mean"),
-    ``labels.unsqueeze(1)`` and a sum ("sum"), or the states joined as one-row tensors and ``labels.view(-1,
-    1)`` ("cat")."""
+class _ObjectiveOverNodes(TreeRNN):
+    """An objective over every node of the sample, written over its stacked states as per-sample code does:
+    the negative log-likelihood of each node's label picked with ``gather``, ``-logp.gather(1, labels[:,
+    None]).mean()`` (``style`` "mean"), with ``labels.unsqueeze(1)`` and a sum ("sum"), or over states joined as
+    one-row tensors with ``labels.view(-1, 1)`` ("cat"); a binary loss of each node's first score against a
+    target computed from its label ("binary"); the norms of each node's scores, summed ("norm")."""
 
     def __init__(self, style: str):
         super().__init__(4, hidden=5)
@@ -378,18 +379,22 @@ class _HandWrittenLikelihood(TreeRNN):
             own = self.W(x[v])
             h[v] = torch.tanh(own + self.U(sum(h[c] for c in children[v])) if children[v] else own)
         states = torch.cat([state.unsqueeze(0) for state in h]) if self.style == "cat" else torch.stack(h)
+        if self.style == "norm":
+            return self.out(states).norm(dim=1).sum()
+        if self.style == "binary":
+            return F.binary_cross_entropy_with_logits(self.out(states)[:, 0], (labels > 1).double())
         logp = F.log_softmax(self.out(states), dim=1)
         if self.style == "mean":
             return -logp.gather(1, labels[:, None]).mean()
         return -logp.gather(1, labels.unsqueeze(1) if self.style == "sum" else labels.view(-1, 1)).sum()
 
 
-@pytest.mark.parametrize("style", ["mean", "sum", "cat"])
-def test_a_likelihood_written_with_gather_by_each_nodes_label_batches(style):
+@pytest.mark.parametrize("style", ["mean", "sum", "cat", "binary", "norm"])
+def test_an_objective_over_a_samples_stacked_nodes_batches(style):
     generator = torch.Generator().manual_seed(0)
     data = [(children, x, torch.randint(0, 3, (len(children),), generator=generator))
             for children, x in dataset("treernn", 8, features=4, dtype=torch.float64)]
-    assert_shuffled_batches_match_eager(_HandWrittenLikelihood(style).double(), data)
+    assert_shuffled_batches_match_eager(_ObjectiveOverNodes(style).double(), data)
 
 
 def test_a_result_read_as_a_whole_per_sample_runs_the_samples_one_by_one():

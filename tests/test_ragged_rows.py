@@ -129,7 +129,7 @@ class Joined(nn.Module):
     lambda h: h.cumsum(0).sum(0),                 # not row-wise
     lambda h: h.sum(1),                           # reduces within rows
     lambda h: (h * h.flip(0)).sum(0),             # another order of the rows
-    lambda h: (h * h[:, :1]).sum(0),              # rows read by an op not known to be row-wise
+    lambda h: h.topk(1, dim=1).values.sum(0),     # rows read by an op not known to be row-wise
 ])
 def test_what_is_not_row_wise_keeps_the_join(body):
     torch.manual_seed(0)
@@ -141,8 +141,10 @@ def test_what_is_not_row_wise_keeps_the_join(body):
 @pytest.mark.parametrize("body", [
     lambda h: torch.cat([h, torch.sigmoid(h)], 1).sum(0),      # joined along columns
     lambda h: (h.unsqueeze(2) * h[:, None]).sum(0),           # new axes of each row
+    lambda h: (h * h[:, :1]).sum(0),                          # constant indices within each row
+    lambda h: h.norm(dim=1).sum(),                            # an op along each row's own dim, then every dim
 ])
-def test_rows_joined_along_columns_or_given_new_axes_stay_row_wise(body):
+def test_rows_joined_along_columns_given_new_axes_or_indexed_within_stay_row_wise(body):
     torch.manual_seed(0)
     compiled = assert_fast_compile_matches_eager(Joined(body), torch.randn(3, 2, dtype=torch.float64),
                                                  inductor=False)

@@ -133,9 +133,16 @@ class Along(OpFamily):
         x, batched = b.slot([m.operands[0] for m in members])
         if not batched:
             return None
-        op, dims, extra = members[0].template
-        shifted = dims + 1 if type(dims) is int else tuple(d + 1 for d in dims)
-        return b.graph.call_function(_OPS[op][0], (x,), {"dim": shifted, **extra})
+        function, kwargs = self.call(members[0].template, 1)
+        return b.graph.call_function(function, (x,), kwargs)
+
+    @staticmethod
+    def call(template: tuple, shift: int) -> tuple[Callable[..., Any], dict[str, Any]]:
+        """The function and keywords of a described op (its ``template``) on a value whose dims are the
+        member's shifted by ``shift`` (1 for a group's rows in front)."""
+        op, dims, extra = template
+        shifted = dims + shift if type(dims) is int else tuple(d + shift for d in dims)
+        return _OPS[op][0], {"dim": shifted, **extra}
 
 
 ALONG = register(Along(), functions=[t for t in _TARGETS if not isinstance(t, str)],
