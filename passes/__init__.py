@@ -18,8 +18,8 @@ import torch.fx as fx
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, distinct_outputs,
                fold_bias, fuse_linear, grouping, hoist_gathers, inplace, linear_layout, lstm_cells, merge_gathers,
                mode_regions, padded_gathers, pair_sums, plain_factories, postpone_gathers, ragged_rows,
-               recompute_gathers, rewrite_search, row_writes, segment_provider, simplify_gathers, split_views,
-               values_indices, vectorize)
+               recompute_gathers, rewrite_search, row_picks, row_writes, segment_provider, simplify_gathers,
+               split_views, values_indices, vectorize)
 from .context import PassContext
 
 
@@ -57,6 +57,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("split_views", split_views.run, "h.chunk(3)[j], torch.split(h, s)[j], h.unbind(0)[j], h.narrow -> slices"),
     Pass("values_indices", values_indices.run, "torch.max(h, 0)[0], h.sort(stable=True).indices -> one op per part"),
     Pass("lstm_cells", lstm_cells.run, "torch.lstm_cell (nn.LSTMCell) -> its linears and gates"),
+    Pass("row_picks", row_picks.run, "x[torch.arange(k), labels] -> x.gather(1, labels[:, None])[:, 0]"),
     Pass("ragged_rows", ragged_rows.run, "sum(f(cat([h_1, ..., h_k])), 0) -> f(h_1) + ... + f(h_k) for row-wise f",
          ("inplace", "split_views")),
     Pass("aggregation", aggregation.run, "+ trees, sum(), stack().sum(0) -> n-ary aggregate", ("inplace",)),

@@ -366,8 +366,9 @@ class _ObjectiveOverNodes(TreeRNN):
     """An objective over every node of the sample, written over its stacked states as per-sample code does:
     the negative log-likelihood of each node's label picked with ``gather``, ``-logp.gather(1, labels[:,
     None]).mean()`` (``style`` "mean"), with ``labels.unsqueeze(1)`` and a sum ("sum"), or over states joined as
-    one-row tensors with ``labels.view(-1, 1)`` ("cat"); a binary loss of each node's first score against a
-    target computed from its label ("binary"); the norms of each node's scores, summed ("norm")."""
+    one-row tensors with ``labels.view(-1, 1)`` ("cat"), or picked by advanced indexing, ``logp[torch.arange(n),
+    labels]`` ("arange", "range": a Python range); a binary loss of each node's first score against a target
+    computed from its label ("binary"); the norms of each node's scores, summed ("norm")."""
 
     def __init__(self, style: str):
         super().__init__(4, hidden=5)
@@ -386,10 +387,13 @@ class _ObjectiveOverNodes(TreeRNN):
         logp = F.log_softmax(self.out(states), dim=1)
         if self.style == "mean":
             return -logp.gather(1, labels[:, None]).mean()
+        if self.style in ("arange", "range"):
+            rows = torch.arange(len(children)) if self.style == "arange" else range(len(children))
+            return -logp[rows, labels].mean()
         return -logp.gather(1, labels.unsqueeze(1) if self.style == "sum" else labels.view(-1, 1)).sum()
 
 
-@pytest.mark.parametrize("style", ["mean", "sum", "cat", "binary", "norm"])
+@pytest.mark.parametrize("style", ["mean", "sum", "cat", "arange", "range", "binary", "norm"])
 def test_an_objective_over_a_samples_stacked_nodes_batches(style):
     generator = torch.Generator().manual_seed(0)
     data = [(children, x, torch.randint(0, 3, (len(children),), generator=generator))
