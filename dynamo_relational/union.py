@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Sequence, cast
+from typing import Any, Callable, Hashable, Sequence, cast
 
 import torch
 import torch.fx as fx
@@ -256,6 +256,8 @@ class _Shared:
     computed: dict[Hashable, fx.Node] = field(default_factory=dict)
     #: the parameters' nodes and the values of ``computed``
     nodes: set[fx.Node] = field(default_factory=set)
+    #: the key of a row-wise op of a union value (``self.lin(x)`` of the samples' joined ``x``) -> its node
+    union_rows: dict[Hashable, fx.Node] = field(default_factory=dict)
 
     def attribute(self, graph: fx.Graph, sample: SampleGraph, s: int, target: str, meta: tuple) -> fx.Node:
         """The union's node for sample ``s``'s ``get_attr`` of ``target`` (with ``meta``): a parameter's is
@@ -285,29 +287,43 @@ class _Shared:
 
 def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: list[fx.Node], layouts: tuple[str, ...],
                  offsets: list[int], shared: _Shared) -> list[fx.Node]:
-    """Copy sample ``s`` into ``graph``; returns its output leaves there."""
+    """Copy sample ``s`` into ``graph``; returns its output leaves there.
+
+    A sample's tensor argument joined along dim 0 with the others' is its rows of the union's input, and a
+    row-wise op of it (``self.lin(x)``, ``torch.relu`` of that) is its rows of that op on the union's input,
+    made once for all samples (the per-node code that follows reads rows of it, ``h[v]``: rows of one value
+    that grouping gathers, as it gathers the rows of the input). Read otherwise, those rows are a slice."""
     env: list[fx.Node | None] = []   # by record
     placeholders: dict[int, int] = {}   # record -> argument position
     whole: dict[int, fx.Node] = {}
+    #: record -> (union value, its first row of this sample, the sample's rows): the sample's rows of it
+    rows_of: dict[int, tuple[fx.Node, int, int]] = {}
     results = set(sample.records[-1][2][0])   # (the output's)
 
     def value(arg: Any) -> Any:
         if type(arg) is not _Slot:
             return arg
+        if arg in rows_of:   # read as a whole: a slice of the union value
+            if arg not in whole:
+                union_value, first, n = rows_of[arg]
+                whole[arg] = graph.call_function(operator.getitem, (union_value, slice(first, first + n)))
+                whole[arg].meta.update(sample.records[arg][5])
+                whole[arg].meta[SAMPLE] = s
+            return whole[arg]
         j = placeholders.get(arg)
         if j is None:
             return env[arg]
-        if j not in whole:   # the sample's whole argument: its rows of the union's input
-            n = sample.inputs[j].shape[0] if layouts[j] == "cat" else None
-            index = slice(offsets[j], offsets[j] + n) if n is not None else offsets[j]
-            whole[j] = graph.call_function(operator.getitem, (union_inputs[j], index))
-            whole[j].meta.update(sample.records[arg][5])
-            whole[j].meta[SAMPLE] = s
-        return whole[j]
+        if arg not in whole:   # a stacked argument: its row of the union's input
+            whole[arg] = graph.call_function(operator.getitem, (union_inputs[j], offsets[j]))
+            whole[arg].meta.update(sample.records[arg][5])
+            whole[arg].meta[SAMPLE] = s
+        return whole[arg]
 
     for i, (op, target, args, kwargs, name, meta) in enumerate(sample.records):
         if op == "placeholder":
-            placeholders[i] = len(placeholders)
+            j = placeholders[i] = len(placeholders)
+            if layouts[j] == "cat":
+                rows_of[i] = (union_inputs[j], offsets[j], sample.inputs[j].shape[0])
             env.append(None)
             continue
         if op == "get_attr":
@@ -315,14 +331,19 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
             continue
         if op == "output":
             return [value(leaf) for leaf in args[0]]
-        row = _row_read(op, target, args, kwargs, placeholders, layouts, sample, offsets)
+        row = _row_read(op, target, args, kwargs, rows_of)
         if row is not None:
-            j, index, keeps_dim = row
-            new = new_node(graph, "call_function", operator.getitem, (union_inputs[j], index), {}, f"{name}_s{s}")
+            base, index, keeps_dim = row
+            new = new_node(graph, "call_function", operator.getitem, (base, index), {}, f"{name}_s{s}")
             if keeps_dim:   # x[v:v + 1]: the row read, given its dim back
                 new.meta.update(meta, **{SAMPLE: s})
                 new = new_node(graph, "call_method", "unsqueeze", (new, 0), {}, f"{name}_row_s{s}")
         else:
+            rows = _rows_of_op(graph, op, target, args, kwargs, meta, rows_of, value, shared)
+            if rows is not None:
+                rows_of[i] = rows
+                env.append(None)
+                continue
             # (a name of its own: fx's search for a free one grows with the copies of the same name)
             new = new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
         new.meta.update(meta)
@@ -340,23 +361,62 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
     raise AssertionError("a traced graph ends with its output")
 
 
-def _row_read(op: str, target: Any, args: tuple, kwargs: dict, placeholders: dict[int, int], layouts: tuple[str, ...],
-              sample: SampleGraph, offsets: list[int]) -> tuple[int, Any, bool] | None:
-    """``(position, index into the union's input, keeps_dim)`` where a record reads one row of a tensor
-    argument (``x[v]``, ``x[v, :4]``; with ``keeps_dim``, ``x[v:v + 1]``: the same row as a one-row
-    tensor); None otherwise."""
+def _rows_of_op(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, meta: tuple,
+                rows_of: dict[int, tuple[fx.Node, int, int]], value: Callable[[Any], Any],
+                shared: "_Shared") -> tuple[fx.Node, int, int] | None:
+    """``(union value, first row, rows)`` if the record (``op``, ``target``, ``args``, ``kwargs``) is a row-wise op
+    of a sample's rows of a union value (its first argument) and of shared values and constants: its rows of
+    the same op on the union value, which the first sample to make it makes; None otherwise."""
+    if op != "call_function" or not args or type(args[0]) is not _Slot or args[0] not in rows_of:
+        return None
+    slots: list = []
+    fx.node.map_aggregate((args[1:], kwargs), lambda a: slots.append(a) if type(a) is _Slot else None)
+    if any(a in rows_of for a in slots):
+        return None
+    union_value, first, n = rows_of[args[0]]
+    rest, kw = fx.node.map_aggregate((args[1:], kwargs), value)
+    inputs: list[fx.Node] = []
+    fx.node.map_arg((rest, kw), inputs.append)
+    if any(a not in shared.nodes for a in inputs):   # (weights, a bias: what every sample reads)
+        return None
+    info = dict(meta).get("rel_info")
+    whole = tensor_info(union_value)
+    if info is None or whole is None or not info.shape or info.shape[0] != n:
+        return None
+    made = new_node(graph, op, target, (union_value, *rest), dict(kw))
+    made.meta.update(meta)
+    made.meta["rel_info"] = TensorInfo((whole.shape[0], *info.shape[1:]), info.dtype, info.device)
+    if not row_wise_in(made, union_value):
+        graph.erase_node(made)
+        return None
+    key = value_key(made, made.args, made.kwargs)
+    known = shared.union_rows.get(key) if key is not None else None
+    if known is not None:
+        graph.erase_node(made)
+        return known, first, n
+    if key is not None:
+        shared.union_rows[key] = made
+    return made, first, n
+
+
+def _row_read(op: str, target: Any, args: tuple, kwargs: dict,
+              rows_of: dict[int, tuple[fx.Node, int, int]]) -> tuple[fx.Node, Any, bool] | None:
+    """``(union value, index into it, keeps_dim)`` where a record reads one row of a sample's rows of a union
+    value (``x[v]``, ``x[v, :4]`` of a tensor argument or a row-wise op of one; with ``keeps_dim``,
+    ``x[v:v + 1]``: the same row as a one-row tensor); None otherwise."""
     if op != "call_function" or target is not operator.getitem or kwargs:
         return None
     base, index = args
-    j = placeholders.get(base) if type(base) is _Slot else None
-    if j is None or layouts[j] != "cat":
+    joined = rows_of.get(base) if type(base) is _Slot else None
+    if joined is None:
         return None
-    read = _read_row(index, sample.inputs[j].shape[0])
+    union_value, first, n = joined
+    read = _read_row(index, n)
     if read is None:
         return None
     row, rest, keeps_dim = read
-    row += offsets[j]
-    return j, row if rest is None else (row, *rest), keeps_dim
+    row += first
+    return union_value, row if rest is None else (row, *rest), keeps_dim
 
 
 def _read_row(index: Any, rows: int) -> tuple[int, tuple | None, bool] | None:
