@@ -8,7 +8,8 @@ child_c, dim=0)``). Every distinct k is then its own shape, so nodes with 1, 2
 and 3 children never share a group. This pass rewrites
 
 * ``C = cat(parts, 0)`` of parts of one shape (``[r, ...]``, r rows each) into
-  its parts: ``C`` is "ragged", with k parts;
+  its parts: ``C`` is "ragged", with k parts (of one-element vectors, a node's
+  scores ``att(...)`` per neighbour: the stack of their elements);
 * a row-wise op of ragged operands with k parts of r rows each (elementwise ops,
   ``F.linear`` and ``@`` by a shared matrix) into that op on each part; its
   other operands must broadcast along the rows: fewer dimensions, one row, or
@@ -102,6 +103,9 @@ class _Ragged:
     stacked: bool = False
     #: a join's parts, in order
     joined: tuple = ()
+    #: the join is a ``cat`` of one-element vectors (a node's scores, ``att(...)`` of each neighbour): its parts
+    #: are those elements, as in a ``stack`` of them
+    elements: bool = False
     #: the non-ragged operands of a row-wise op -> what each part reads for it
     reads: dict = field(default_factory=dict)
     #: for a softmax over the rows: ("softmax" or "log_softmax", its operand)
@@ -207,8 +211,8 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
 
 
 def _join(node: fx.Node) -> _Ragged | None:
-    """``cat(parts, 0)`` of parts of two or more dimensions, or ``stack(parts, 0)`` of parts of any, that share
-    one shape, dtype and device."""
+    """``cat(parts, 0)`` of parts of two or more dimensions or of one element each, or ``stack(parts, 0)`` of
+    parts of any, that share one shape, dtype and device."""
     stacked = node.op == "call_function" and node.target is torch.stack
     try:
         dim_name = "dim" if stacked else _JOINS.get(node.target) if node.op == "call_function" else None
@@ -224,6 +228,9 @@ def _join(node: fx.Node) -> _Ragged | None:
         return None
     if stacked:
         return _Ragged(len(parts), part, stacked=True, joined=tuple(parts)) if dim % (part.rank + 1) == 0 else None
+    if part.shape == (1,) and dim in (0, -1):   # cat of one-element vectors: the stack of their elements
+        element = TensorInfo((), part.dtype, part.device)
+        return _Ragged(len(parts), element, stacked=True, joined=tuple(parts), elements=True)
     if part.rank < 2 or part.shape[0] == 0 or dim % part.rank != 0:
         return None
     return _Ragged(len(parts), part, joined=tuple(parts))
@@ -510,6 +517,10 @@ def _reaching(read: list[fx.Node], ragged: dict[fx.Node, _Ragged]) -> dict[fx.No
 
 def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, list]) -> list:
     """The parts of ragged ``node``: a join's operands, or the row-wise op on each part of its operands."""
+    if value.joined and value.elements:
+        make = _Maker(graph, node)
+        with graph.inserting_before(node):
+            return [make("call_method", "reshape", value.part, p, ()) for p in value.joined]
     if value.joined:
         return list(value.joined)
     if value.softmax is not None:

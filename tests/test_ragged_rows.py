@@ -203,7 +203,8 @@ def test_random_row_programs_match_eager(seed):
 
 class NeighbourAttention(nn.Module):
     """Attention over each node's neighbours as per-node code writes it (graph attention), in several styles:
-    ``"scores"``, a score per neighbour, stacked; ``"pairs"``, the pairs of states stacked and scored by one
+    ``"scores"``, a score per neighbour, stacked; ``"joined scores"``, a one-element score per neighbour (a
+    linear layer's output), joined with ``torch.cat``; ``"pairs"``, the pairs of states stacked and scored by one
     product; ``"unsqueeze"`` and ``"new axis"``, the neighbours' states stacked, each paired with the node's own
     (``expand``, ``cat`` along dim 1), the weights applied to the stack as ``alpha.unsqueeze(1)`` or
     ``alpha[:, None]``. Then a softmax over them, each neighbour's state weighted by its part. Node ``v`` has
@@ -223,6 +224,8 @@ class NeighbourAttention(nn.Module):
             nbrs = [(v + d) % n for d in range(self.degree(v))]
             if self.style == "scores":
                 scores = torch.stack([F.leaky_relu(self.a @ torch.cat([h[v], h[u]]), 0.2) for u in nbrs])
+            elif self.style == "joined scores":
+                scores = torch.cat([F.leaky_relu(self.a[None] @ torch.cat([h[v], h[u]]), 0.2) for u in nbrs])
             elif self.style == "pairs":
                 scores = F.leaky_relu(torch.stack([torch.cat([h[v], h[u]]) for u in nbrs]) @ self.a, 0.2)
             else:
@@ -238,7 +241,7 @@ class NeighbourAttention(nn.Module):
         return torch.stack(out)
 
 
-STYLES = ["scores", "pairs", "unsqueeze", "new axis"]
+STYLES = ["scores", "joined scores", "pairs", "unsqueeze", "new axis"]
 
 
 @pytest.mark.parametrize("style, log", [*((style, False) for style in STYLES), ("scores", True)])
