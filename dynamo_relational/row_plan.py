@@ -51,6 +51,7 @@ from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
 from .ops.losses import LOSS
 from .ops.matmul import MATMUL, linear_args, product_operands
+from .ops.select import ONE_HOT
 
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
@@ -767,6 +768,8 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
             raise Refused(f"{_describe(node)}: an embedding of rows needs a shared table")
         return first   # each row's index looked up
     family = REGISTRY.family_of(node) if node.op in ("call_function", "call_method") else None
+    if family is ONE_HOT:   # a vector per element
+        return first
     if family is GATHER_ALONG:   # within each row, by that row's indices
         op = GATHER_ALONG.describe(node)
         if not isinstance(op, NeuronOp) or op.template == 0 or any(a not in analysis.rows for a in op.operands):

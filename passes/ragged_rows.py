@@ -17,7 +17,8 @@ and 3 children never share a group. This pass rewrites
   or, for an op of one-row parts (stacked, or joined rows), have a row per part computed
   from other values (``torch.stack(h) - targets``: part ``j`` reads ``targets[j]``, read through
   layout ops within the rows and elementwise ops of one value and numbers: ``labels[:, None]``'s
-  part is ``labels[j]`` reshaped, ``(labels > 1).double()``'s is ``(labels[j] > 1).double()``);
+  part is ``labels[j]`` reshaped, ``(labels > 1).double()``'s is ``(labels[j] > 1).double()``,
+  ``F.one_hot(labels, c)``'s ``F.one_hot(labels[j], c)``);
 * ``S = stack(parts, 0)`` of parts of one shape (any rank: a node's scores, one
   number per neighbour) likewise, each part one row of ``S``;
 * ``sum``, ``mean`` (and, for one-row parts, ``amax`` / ``amin``) over dim 0 of
@@ -84,6 +85,7 @@ from dynamo_relational.ops.facts import writes
 from dynamo_relational.ops.matmul import linear_args, product_operands
 from dynamo_relational.ops.reduce import REDUCE, reduced
 from dynamo_relational.ops.reshape import LAYOUT
+from dynamo_relational.ops.select import ONE_HOT
 
 from .context import PassContext
 
@@ -576,14 +578,19 @@ def _erase_unread(graph: fx.Graph, read: list[fx.Node]) -> None:
 
 
 def _elementwise_of_one(a: fx.Node) -> fx.Node | None:
-    """The one tensor that ``a``, an elementwise op of it and numbers of its shape, reads, else None."""
-    if REGISTRY.family_of(a) is not ELEMENTWISE or draws_random_numbers(a) or writes(a):
+    """The one tensor that ``a``, an elementwise op of it and numbers of its shape or ``F.one_hot`` of it (a
+    vector per element), reads, else None."""
+    family = REGISTRY.family_of(a)
+    if family not in (ELEMENTWISE, ONE_HOT) or draws_random_numbers(a) or writes(a):
         return None
     tensors = a.all_input_nodes
     if len(tensors) != 1:
         return None
     info, source = tensor_info(a), tensor_info(tensors[0])
-    return tensors[0] if info is not None and source is not None and info.shape == source.shape else None
+    if info is None or source is None:
+        return None
+    return tensors[0] if info.shape[:source.rank] == source.shape and (
+        family is ONE_HOT or info.shape == source.shape) else None
 
 
 def _within_rows_of(a: fx.Node) -> fx.Node | None:

@@ -367,8 +367,9 @@ class _ObjectiveOverNodes(TreeRNN):
     the negative log-likelihood of each node's label picked with ``gather``, ``-logp.gather(1, labels[:,
     None]).mean()`` (``style`` "mean"), with ``labels.unsqueeze(1)`` and a sum ("sum"), or over states joined as
     one-row tensors with ``labels.view(-1, 1)`` ("cat"), or picked by advanced indexing, ``logp[torch.arange(n),
-    labels]`` ("arange", "range": a Python range); a binary loss of each node's first score against a target
-    computed from its label ("binary"); the norms of each node's scores, summed ("norm")."""
+    labels]`` ("arange", "range": a Python range), or weighted by one-hot labels ("one_hot"); a binary loss of
+    each node's first score against a target computed from its label ("binary"); the norms of each node's
+    scores, summed ("norm")."""
 
     def __init__(self, style: str):
         super().__init__(4, hidden=5)
@@ -387,13 +388,15 @@ class _ObjectiveOverNodes(TreeRNN):
         logp = F.log_softmax(self.out(states), dim=1)
         if self.style == "mean":
             return -logp.gather(1, labels[:, None]).mean()
+        if self.style == "one_hot":
+            return -(F.one_hot(labels, 3) * logp).sum(1).mean()
         if self.style in ("arange", "range"):
             rows = torch.arange(len(children)) if self.style == "arange" else range(len(children))
             return -logp[rows, labels].mean()
         return -logp.gather(1, labels.unsqueeze(1) if self.style == "sum" else labels.view(-1, 1)).sum()
 
 
-@pytest.mark.parametrize("style", ["mean", "sum", "cat", "arange", "range", "binary", "norm"])
+@pytest.mark.parametrize("style", ["mean", "sum", "cat", "arange", "range", "one_hot", "binary", "norm"])
 def test_an_objective_over_a_samples_stacked_nodes_batches(style):
     generator = torch.Generator().manual_seed(0)
     data = [(children, x, torch.randint(0, 3, (len(children),), generator=generator))

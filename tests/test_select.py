@@ -2,6 +2,7 @@
 indices into a neuron's value (``h[[0, 2]]``, ``h[idx]``) are gathered per group and match eager."""
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
@@ -162,3 +163,24 @@ def test_a_row_kept_two_dimensional_groups_as_the_row_read(front_end):
     x = torch.randn(ROWS, 5, dtype=torch.float64)
     sliced, indexed = (report_matching_eager(front_end, RowsKept(s), x) for s in (True, False))
     assert sliced.groups <= indexed.groups, (sliced.groups, indexed.groups)
+
+
+class OneHotLabels(nn.Module):
+    """Each neuron's scores weighted by its one-hot label, ``F.one_hot(labels[v], 4) * scores``: an index each
+    neuron reads, with the class count given."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, labels, x):
+        return torch.stack([(F.one_hot(labels[v], 4) * self.lin(x[v])).sum() for v in range(ROWS)])
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_one_hot_vectors_of_indices_the_neurons_read_group(front_end):
+    torch.manual_seed(0)
+    labels, x = torch.randint(0, 4, (ROWS,)), torch.randn(ROWS, 4, dtype=torch.float64)
+    report = report_matching_eager(front_end, OneHotLabels(), labels, x, inductor=False)
+    assert not report.ungrouped, report.ungrouped
+    assert report.nodes_after < report.nodes_before / 5

@@ -12,7 +12,7 @@ same index after the member dimension. An embedding of a constant index made
 in ``forward`` (``emb(torch.tensor(t))``, as in knowledge-graph models) is the
 row read ``emb.weight[t]``; an embedding of an index each neuron reads or
 computes (``emb(tokens[v])``) is one embedding of the members' indices
-(:class:`Lookup`).
+(:class:`Lookup`); likewise ``F.one_hot`` of such an index (:class:`OneHot`).
 """
 from __future__ import annotations
 
@@ -221,3 +221,29 @@ class Lookup(OpFamily):
 
 LOOKUP = Lookup()
 SELECT = register(Select(), functions=[operator.getitem, F.embedding])
+
+
+class OneHot(OpFamily):
+    """``F.one_hot(i, c)`` of an int64 index that each neuron reads or computes (a node's label), with its class
+    count given: a group is one ``one_hot`` of the members' indices, each member's row its own. (Without the
+    count, the shape would depend on the values.)"""
+    name = "one_hot"
+
+    def describe(self, node: fx.Node) -> NeuronOp | str:
+        args = node_args(node, ("tensor", "num_classes"))
+        index, classes = (args.get("tensor"), args.get("num_classes", -1)) if args else (None, None)
+        index_info, info = tensor_info(index), tensor_info(node)
+        if index_info is None or info is None or index_info.dtype != torch.int64:
+            return "one_hot of something other than an int64 tensor of static shape"
+        if type(classes) is not int or classes < 0:
+            return f"one_hot with num_classes={classes!r} (a count given as a number groups)"
+        return NeuronOp(node, self, (self.name, classes, index_info), (index,), info, (), classes)
+
+    def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
+        index, batched = b.slot([m.operands[0] for m in members])
+        if not batched:
+            return None   # one for every member: merged, not batched
+        return b.graph.call_function(F.one_hot, (index, members[0].template))
+
+
+ONE_HOT = register(OneHot(), functions=[F.one_hot])
