@@ -32,8 +32,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     graph = gm.graph
     for node in list(graph.find_nodes(op="call_function", target=operator.getitem)):
         x, index = node.args if len(node.args) == 2 and not node.kwargs else (None, None)
+        if type(index) is not tuple or len(index) != 2:   # (most reads: x[v])
+            continue
         info, x_info = tensor_info(node), tensor_info(x)
-        if x_info is None or info is None or x_info.rank != 2 or not isinstance(index, tuple) or len(index) != 2:
+        if x_info is None or info is None or x_info.rank != 2:
             continue
         rows, labels = index
         label_info = tensor_info(labels)
