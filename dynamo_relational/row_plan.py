@@ -365,10 +365,10 @@ class _Analysis:
             if not _is_elementwise(node):
                 raise Refused(f"{_describe(node)} reads an index tensor of the grouping as data")
             operands = [self._per_row_constant(node, a) if a in self.index_nodes else a for a in operands]
+        if node in self.rows or node in self._joined_indices or self._split(node):
+            return   # (a gather, also of a join of the samples' constants, reads it as a shared value)
         if any(a in self._samples_constants for a in operands):
             operands = [self._constants_as_rows(node, a) if a in self._samples_constants else a for a in operands]
-        if node in self.rows or node in self._joined_indices or self._split(node):
-            return
         if node.target is torch.index_select and len(node.args) == 3 and node.args[2] in self._joined_indices:
             self._merged_gather(node)
             return

@@ -1379,6 +1379,27 @@ def test_a_state_made_with_torch_factories_in_forward_batches(state):
     assert_shuffled_batches_match_eager(_Sequence("gru", constant_state=state), _sentences())
 
 
+class _TreeGRU(nn.Module):
+    """A tree of ``nn.GRUCell`` updates, each node's state from its children's summed, a leaf's from zeros made
+    with ``torch.zeros(1, d)``: a group of cells reads some members' states from the samples' constants and
+    others' from sums, gathered from both."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.GRUCell(4, 4, dtype=torch.float64)
+
+    def forward(self, children, x):
+        h: list = [None] * len(children)
+        for v in reversed(range(len(children))):
+            state = sum(h[c] for c in children[v]) if children[v] else torch.zeros(1, 4, dtype=torch.float64)
+            h[v] = self.cell(x[v:v + 1], state)
+        return h[0]
+
+
+def test_cells_whose_states_come_from_the_samples_constants_and_from_sums_batch():
+    assert_shuffled_batches_match_eager(_TreeGRU(), dataset("treernn", 12, features=4, dtype=torch.float64))
+
+
 class _FeaturesMadeInForward(nn.Module):
     """Per-node features built in ``forward`` from Python data (``torch.tensor([...])``): constants of each
     sample's trace, many of them equal across samples (the same child count)."""
