@@ -460,11 +460,13 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], consumed: list[fx.Node]
     stack(b))`` is ``stack(a + b)``: the stacked rows themselves group. Where each is the same row-wise op
     (``F.linear`` by the same weights, an elementwise op of constants, a softmax or sum within each row) of
     such values, ``cat(f(a), f(b))`` is ``f(cat(a, b))``: one op on all rows (a classifier over every node's
-    state). None otherwise."""
+    state). Where the leaves are the samples' rows of one union value in order, that value. None otherwise."""
     if any(leaf.op not in ("call_function", "call_method") for leaf in leaves):
         return None
     first = leaves[0]
-    if first.target in (torch.stack, torch.cat) and all(
+    if _slices_covering(leaves):   # each sample's rows of one union value, in order: that value
+        joined = cast(fx.Node, first.args[0])
+    elif first.target in (torch.stack, torch.cat) and all(
             leaf.target is first.target and isinstance(leaf.args[0], (list, tuple)) and _along_rows(leaf)
             for leaf in leaves):
         terms = [item for leaf in leaves for item in cast(Sequence[fx.node.Argument], leaf.args[0])]
@@ -491,6 +493,20 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], consumed: list[fx.Node]
         return None
     consumed[:0] = leaves   # (readers first)
     return joined
+
+
+def _slices_covering(leaves: list[fx.Node]) -> bool:
+    """Whether ``leaves`` are slices ``u[a:b]`` of one value ``u`` that cover its rows in order (each sample's
+    rows of a row-wise op of its joined argument, returned as they are)."""
+    base, at = leaves[0].args[0] if leaves[0].args else None, 0
+    for leaf in leaves:
+        index = leaf.args[1] if leaf.target is operator.getitem and len(leaf.args) == 2 else None
+        if leaf.args[0] is not base or type(index) is not slice or index.start != at or index.step is not None \
+                or type(index.stop) is not int:
+            return False
+        at = index.stop
+    info = tensor_info(base)
+    return info is not None and bool(info.shape) and info.shape[0] == at
 
 
 def _along_rows(join: fx.Node) -> bool:

@@ -429,6 +429,20 @@ def test_a_first_layer_over_all_of_a_samples_nodes_batches_as_one_layer_over_all
     assert batched.report.union_nodes[1] < 40, batched.report
 
 
+class _RowsOfALayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, in_nbrs, x):
+        return torch.relu(self.lin(x))
+
+
+def test_a_layer_over_all_of_a_samples_nodes_returned_as_it_is_batches():
+    """Each sample's result is its rows of the layer over all samples' joined inputs: the union returns that."""
+    assert_shuffled_batches_match_eager(_RowsOfALayer(), dataset("gcn", 10, features=4, dtype=torch.float64))
+
+
 def test_a_first_layer_also_read_as_a_whole_still_matches_eager():
     model, data = _DenseFirstLayer(whole=True), dataset("gcn", 10, features=4, dtype=torch.float64)
     batched = dynamo_relational.batch(model, progress=False)
