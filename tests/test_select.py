@@ -113,13 +113,6 @@ class WordsOfTheInput(nn.Module):
         return torch.stack([torch.tanh(self.emb(tokens[v]) * x[v]) for v in range(ROWS)])
 
 
-@pytest.mark.parametrize("front_end", ["backend", "fast"])
-def test_embeddings_of_indices_the_neurons_read_group(front_end):
-    torch.manual_seed(0)
-    tokens, x = torch.randint(0, 10, (ROWS,)), torch.randn(ROWS, 4, dtype=torch.float64)
-    report = report_matching_eager(front_end, WordsOfTheInput(), tokens, x, inductor=False)
-    assert not report.ungrouped, report.ungrouped
-    assert report.nodes_after < report.nodes_before / 5
 
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
@@ -177,10 +170,11 @@ class OneHotLabels(nn.Module):
         return torch.stack([(F.one_hot(labels[v], 4) * self.lin(x[v])).sum() for v in range(ROWS)])
 
 
+@pytest.mark.parametrize("model, values", [(WordsOfTheInput, 10), (OneHotLabels, 4)])
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
-def test_one_hot_vectors_of_indices_the_neurons_read_group(front_end):
+def test_embeddings_and_one_hot_vectors_of_indices_the_neurons_read_group(front_end, model, values):
     torch.manual_seed(0)
-    labels, x = torch.randint(0, 4, (ROWS,)), torch.randn(ROWS, 4, dtype=torch.float64)
-    report = report_matching_eager(front_end, OneHotLabels(), labels, x, inductor=False)
+    indices, x = torch.randint(0, values, (ROWS,)), torch.randn(ROWS, 4, dtype=torch.float64)
+    report = report_matching_eager(front_end, model(), indices, x, inductor=False)
     assert not report.ungrouped, report.ungrouped
     assert report.nodes_after < report.nodes_before / 5
