@@ -500,9 +500,10 @@ def _slices_covering(leaves: list[fx.Node]) -> bool:
     rows of a row-wise op of its joined argument, returned as they are)."""
     base, at = leaves[0].args[0] if leaves[0].args else None, 0
     for leaf in leaves:
-        index = leaf.args[1] if leaf.target is operator.getitem and len(leaf.args) == 2 else None
-        if leaf.args[0] is not base or type(index) is not slice or index.start != at or index.step is not None \
-                or type(index.stop) is not int:
+        if leaf.target is not operator.getitem or len(leaf.args) != 2 or leaf.args[0] is not base:
+            return False
+        index = leaf.args[1]
+        if type(index) is not slice or index.start != at or index.step is not None or type(index.stop) is not int:
             return False
         at = index.stop
     info = tensor_info(base)
