@@ -496,9 +496,12 @@ def _joined_rows(graph: fx.Graph, leaves: list[fx.Node], consumed: list[fx.Node]
 
 
 def _slices_covering(leaves: list[fx.Node]) -> bool:
-    """Whether ``leaves`` are slices ``u[a:b]`` of one value ``u`` that cover its rows in order (each sample's
-    rows of a row-wise op of its joined argument, returned as they are)."""
+    """Whether ``leaves`` are slices ``u[a:b]`` of one computed value ``u`` that cover its rows in order (each
+    sample's rows of a row-wise op of its joined argument, returned as they are; an argument returned itself is
+    eager's own tensor, which a slice of the joined arguments is not)."""
     base, at = leaves[0].args[0] if leaves[0].args else None, 0
+    if not isinstance(base, fx.Node) or base.op == "placeholder":
+        return False
     for leaf in leaves:
         if leaf.target is not operator.getitem or len(leaf.args) != 2 or leaf.args[0] is not base:
             return False
