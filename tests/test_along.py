@@ -203,3 +203,24 @@ def test_a_gather_by_each_neurons_own_index_groups_and_matches_eager(front_end):
     x, labels = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
     report = report_matching_eager(front_end, LabelScores(), x, labels, inductor=False)
     assert not any("gather" in reason for reason in report.ungrouped), report.ungrouped
+
+
+class Predictions(nn.Module):
+    """Whether each neuron's prediction, the argmax (or, for odd neurons, argmin) of its scores, is its label."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3, dtype=torch.float64)
+
+    def forward(self, x, labels):
+        scores = [self.lin(x[v:v + 1]) for v in range(x.shape[0])]
+        hits = [(s.argmax(1) if v % 2 == 0 else torch.argmin(s, dim=1)) == labels[v] for v, s in enumerate(scores)]
+        return torch.cat(scores) * torch.cat(hits).double()[:, None]
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_argmax_and_argmin_along_a_neurons_dim_group_and_match_eager(front_end):
+    torch.manual_seed(0)
+    x, labels = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
+    report = report_matching_eager(front_end, Predictions(), x, labels, inductor=False)
+    assert not any("arg" in reason for reason in report.ungrouped), report.ungrouped

@@ -369,7 +369,7 @@ class _ObjectiveOverNodes(TreeRNN):
     one-row tensors with ``labels.view(-1, 1)`` ("cat"), or picked by advanced indexing, ``logp[torch.arange(n),
     labels]`` ("arange", "range": a Python range), or weighted by one-hot labels ("one_hot"); a binary loss of
     each node's first score against a target computed from its label ("binary"); the norms of each node's
-    scores, summed ("norm")."""
+    scores, summed ("norm"); the likelihood beside the accuracy of the nodes' predictions ("accuracy")."""
 
     def __init__(self, style: str):
         super().__init__(4, hidden=5)
@@ -386,6 +386,8 @@ class _ObjectiveOverNodes(TreeRNN):
         if self.style == "binary":
             return F.binary_cross_entropy_with_logits(self.out(states)[:, 0], (labels > 1).double())
         logp = F.log_softmax(self.out(states), dim=1)
+        if self.style == "accuracy":
+            return torch.stack([F.nll_loss(logp, labels), (logp.argmax(1) == labels).double().mean()])
         if self.style == "mean":
             return -logp.gather(1, labels[:, None]).mean()
         if self.style == "one_hot":
@@ -396,7 +398,8 @@ class _ObjectiveOverNodes(TreeRNN):
         return -logp.gather(1, labels.unsqueeze(1) if self.style == "sum" else labels.view(-1, 1)).sum()
 
 
-@pytest.mark.parametrize("style", ["mean", "sum", "cat", "arange", "range", "one_hot", "binary", "norm"])
+@pytest.mark.parametrize("style", ["mean", "sum", "cat", "arange", "range", "one_hot", "binary", "norm",
+                                   "accuracy"])
 def test_an_objective_over_a_samples_stacked_nodes_batches(style):
     generator = torch.Generator().manual_seed(0)
     data = [(children, x, torch.randint(0, 3, (len(children),), generator=generator))

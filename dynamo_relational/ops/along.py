@@ -1,6 +1,7 @@
 """Ops along dimensions of one neuron's value: ``softmax``, ``log_softmax``, ``softmin``, ``cumsum``,
 ``cumprod``, ``logsumexp``, ``logcumsumexp``, ``F.glu``, ``F.normalize``, vector norms, ``std`` and
-``var`` (``att = torch.softmax(scores, 0)``, ``h / h.norm()``, ``torch.stack(messages).std(0)``);
+``var``, ``argmax`` and ``argmin`` along a dim (``att = torch.softmax(scores, 0)``, ``h / h.norm()``,
+``torch.stack(messages).std(0)``, a prediction ``scores.argmax(1)``);
 ``torch.gather`` of a value by an index of its own (``scores.gather(1, label)``);
 ``F.layer_norm`` / ``F.rms_norm`` over a neuron's trailing dimensions; and comparisons of two values
 along a dimension (``F.cosine_similarity``, ``F.pairwise_distance``).
@@ -39,6 +40,8 @@ _OPS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
     "norm": (torch.linalg.vector_norm, {"ord": 2, "keepdim": False}),
     "std": (torch.std, {"correction": 1, "keepdim": False}),
     "var": (torch.var, {"correction": 1, "keepdim": False}),
+    "argmax": (torch.argmax, {"keepdim": False}),
+    "argmin": (torch.argmin, {"keepdim": False}),
 }
 #: ops that reduce over all of a member's dimensions without ``dim``, or over a list of them
 _OVER_DIMS = ("norm", "std", "var")
@@ -70,6 +73,8 @@ _TARGETS = {
     "std": ("std", ("input", "dim", "unbiased", "keepdim", "correction")),
     torch.var: ("var", ("input", "dim", "unbiased", "keepdim", "correction", "out")),
     "var": ("var", ("input", "dim", "unbiased", "keepdim", "correction")),
+    torch.argmax: ("argmax", ("input", "dim", "keepdim", "out")), "argmax": ("argmax", ("input", "dim", "keepdim")),
+    torch.argmin: ("argmin", ("input", "dim", "keepdim", "out")), "argmin": ("argmin", ("input", "dim", "keepdim")),
 }
 
 
