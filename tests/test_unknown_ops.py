@@ -49,7 +49,7 @@ BODIES = {
     "promote_float32": (lambda m, x, v, h: h * torch.ones(4, dtype=torch.float32), None),
     "python_scalars": (lambda m, x, v, h: h * 3 + v, None),
     # integer, comparison and sorting ops
-    "argmax": (lambda m, x, v, h: h * h.argmax(), "argmax"),
+    "argmax": (lambda m, x, v, h: h * h.argmax(), "along dim=None"),   # (over all dims; along one it groups)
     "where": (lambda m, x, v, h: torch.where(h > 0, h, x[v]), None),
     "bool_mask": (lambda m, x, v, h: h * (x[v] > 0), None),
     "integer_arithmetic": (lambda m, x, v, h: h * ((torch.arange(4) * v + 1) % 3 // 1), None),
