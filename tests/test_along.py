@@ -197,14 +197,6 @@ class LabelScores(nn.Module):
         return torch.cat(out)
 
 
-@pytest.mark.parametrize("front_end", ["backend", "fast"])
-def test_a_gather_by_each_neurons_own_index_groups_and_matches_eager(front_end):
-    torch.manual_seed(0)
-    x, labels = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
-    report = report_matching_eager(front_end, LabelScores(), x, labels, inductor=False)
-    assert not any("gather" in reason for reason in report.ungrouped), report.ungrouped
-
-
 class Predictions(nn.Module):
     """Whether each neuron's prediction, the argmax (or, for odd neurons, argmin) of its scores, is its label."""
 
@@ -218,9 +210,10 @@ class Predictions(nn.Module):
         return torch.cat(scores) * torch.cat(hits).double()[:, None]
 
 
+@pytest.mark.parametrize("model, op", [(LabelScores, "gather"), (Predictions, "arg")])
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
-def test_argmax_and_argmin_along_a_neurons_dim_group_and_match_eager(front_end):
+def test_gathers_and_argmax_by_each_neurons_label_group_and_match_eager(front_end, model, op):
     torch.manual_seed(0)
     x, labels = torch.randn(6, 4, dtype=torch.float64), torch.randint(0, 3, (6,))
-    report = report_matching_eager(front_end, Predictions(), x, labels, inductor=False)
-    assert not any("arg" in reason for reason in report.ungrouped), report.ungrouped
+    report = report_matching_eager(front_end, model(), x, labels, inductor=False)
+    assert not any(op in reason for reason in report.ungrouped), report.ungrouped
