@@ -80,3 +80,8 @@ def set_args(node: fx.Node, args: tuple, kwargs: dict) -> None:
     """``node.args, node.kwargs = args, kwargs`` without ``Node.__setattr__``'s removal and reinsertion of the
     node in the graph's table by op and target, which arguments do not change."""
     node._update_args_kwargs(args, kwargs)
+
+
+def meta_without_value(node: fx.Node) -> dict:
+    """``node``'s meta (source lines, module stack) for a node that computes another value in its place."""
+    return {k: v for k, v in node.meta.items() if k not in ("val", "example_value", "tensor_meta", "rel_info")}

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
-from dynamo_relational.nodes import new_node
+from dynamo_relational.nodes import meta_without_value, new_node
 from dynamo_relational.ops import REGISTRY, NeuronOp, TensorInfo, tensor_info
 from dynamo_relational.ops.base import node_args
 from dynamo_relational.ops.along import ALONG, GATHER_ALONG
@@ -311,7 +311,7 @@ def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None
     elif target is operator.getitem:
         if x not in ragged or type(where) is not tuple or not where or where[0] != slice(None):
             return None
-        if all(i is None or i == slice(None) for i in where[1:]):   # x[:, None]: each part reshaped
+        if _new_axes_only(where):   # x[:, None]: each part reshaped
             value = _row_value(info, ragged[x])
             if value is not None:
                 value.call = ("call_method", "reshape", (x, value.part.shape))
@@ -577,6 +577,11 @@ def _erase_unread(graph: fx.Graph, read: list[fx.Node]) -> None:
             rows = source
 
 
+def _new_axes_only(index: tuple) -> bool:
+    """Whether ``x[index]``, ``index`` beginning with ``:``, only gives each row new axes (``x[:, None]``)."""
+    return all(i is None or i == slice(None) for i in index[1:])
+
+
 def _elementwise_of_one(a: fx.Node) -> fx.Node | None:
     """The one tensor that ``a``, an elementwise op of it and numbers of its shape or ``F.one_hot`` of it (a
     vector per element), reads, else None."""
@@ -604,10 +609,8 @@ def _within_rows_of(a: fx.Node) -> fx.Node | None:
         return None
     target, rest = a.target, a.args[1:]
     if target is operator.getitem:
-        index = rest[0] if len(rest) == 1 else None
-        new_axes = isinstance(index, tuple) and index and index[0] == slice(None) and \
-            all(i is None or i == slice(None) for i in index[1:])
-        return x if new_axes else None
+        return x if len(rest) == 1 and type(rest[0]) is tuple and rest[0] and rest[0][0] == slice(None) \
+            and _new_axes_only(rest[0]) else None
     if target in ("unsqueeze", torch.unsqueeze):
         return x if len(rest) == 1 and type(rest[0]) is int and rest[0] % (x_info.rank + 1) != 0 else None
     return x if target in ("view", "reshape", torch.reshape) else None
@@ -617,7 +620,7 @@ class _Maker:
     """Nodes made in place of ``node``, with its metadata but the value's (set to each new node's ``info``)."""
 
     def __init__(self, graph: fx.Graph, node: fx.Node):
-        self.graph, self.meta = graph, _meta_without_value(node)
+        self.graph, self.meta = graph, meta_without_value(node)
 
     def __call__(self, kind: str, target, info: TensorInfo, *args, kwargs: dict | None = None) -> fx.Node:
         made = new_node(self.graph, kind, target, args, kwargs or {})
@@ -673,8 +676,3 @@ def _row_info(node: fx.Node) -> TensorInfo | None:
     """What one row of ``node`` is like."""
     info = tensor_info(node)
     return None if info is None else TensorInfo(info.shape[1:], info.dtype, info.device)
-
-
-def _meta_without_value(node: fx.Node) -> dict:
-    """``node``'s meta (source lines, module stack) for a node that computes another value in its place."""
-    return {k: v for k, v in node.meta.items() if k not in ("val", "example_value", "tensor_meta", "rel_info")}

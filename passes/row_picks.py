@@ -21,7 +21,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from dynamo_relational.nodes import new_node
+from dynamo_relational.nodes import meta_without_value, new_node
 from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
@@ -43,7 +43,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         if label_info is None or label_info.shape != (k,) or label_info.dtype != torch.int64 \
                 or not _counts_rows(gm, rows, k):
             continue
-        meta = {key: value for key, value in node.meta.items() if key not in ("val", "example_value", "rel_info")}
+        meta = meta_without_value(node)
         with graph.inserting_before(node):
             column = new_node(graph, "call_function", operator.getitem, (labels, (slice(None), None)), {})
             column.meta.update(meta, rel_info=TensorInfo((k, 1), torch.int64, label_info.device))
