@@ -16,8 +16,9 @@ Two schedules (ASAP levels and DyNet's agenda) and, for a union of samples
 (``dynamo_relational.batch``), a third (an agenda that runs the signature with
 the largest share of its remaining units ready), each with and without the
 code-site hint (the user's source line as part of the signature), are
-computed; the one with the fewest groups wins. Where the hint splits no
-signature, the schedules without it would be the same and are not run.
+computed; the one with the fewest groups wins, one with the hint on ties. Where the hint splits no
+signature, the schedules without it would be the same and are not run; where the lower bound for the
+hint's finer signatures is above the best schedule without it, those with it cannot win and are not run.
 Members of a group are pairwise independent by construction of both
 schedules, which makes vectorizing them legal. The result is ``ctx.groups``, in execution order.
 
@@ -139,8 +140,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             previous_alone = i
     depth = schedule.asap_depths(preds)
 
-    best: tuple | None = None   # (count, label, groups): only the best schedule is kept, each lists every unit
-    schedules = {}
+    schedules: dict[str, int] = {}
     site_keys = _with_code_sites(keys, units) if opts.code_site_hint else None
     # The site-refined keys split each signature into one or more; where they split none (as many
     # distinct values), they are the same partition and every schedule without them is the same.
@@ -157,8 +157,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     # ED-Batch's bound is tighter (asked for in detailed reports, and then known before the schedules run)
     bound = schedule.lower_bound(preds, keys, depth) if ctx.detailed else None
     floor = max(floor, bound or 0)
-    for hint in hints:
+
+    def fewest(hint: bool) -> tuple[int, str, list]:
+        """The schedule with the fewest groups for the keys with or without the hint, the first on ties."""
         sigs = site_keys if hint else keys
+        best: tuple | None = None   # (count, label, groups): only the best is kept, each lists every unit
         for name in names:
             groups = schedule.merged(algorithms[name](preds, sigs, depth), preds, sigs)
             label = f"{name}{'+site' if hint else ''}"
@@ -167,9 +170,18 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 best = (len(groups), label, groups)
             if len(groups) <= floor:
                 break
-        if len(groups) <= floor:
-            break
-    assert best is not None
+        assert best is not None
+        return best
+
+    if hints == (True, False):
+        # The hint wins ties, so its schedules count where they can have at most the groups of the best one
+        # without it: not where the refined keys' own lower bound is above that.
+        best = fewest(False)
+        if schedule.lower_bound(preds, site_keys, depth) <= best[0]:
+            hinted = fewest(True)
+            best = hinted if hinted[0] <= best[0] else best
+    else:
+        best = fewest(hints[0])
     count, chosen, groups = best
     ctx.groups = [Group([units[i] for i in g], [ops[i] for i in g] if ops[g[0]] is not None else None)
                   for g in groups]

@@ -49,6 +49,30 @@ def test_a_forest_of_binary_trees_is_scheduled_within_five_percent_of_the_bound(
     assert batched.report.groupings == 1 and groups <= 1.05 * bound, batched.report
 
 
+
+@pytest.mark.parametrize("kind", ["recursive net", "treelstm"])
+def test_the_chosen_schedule_has_the_fewest_groups_of_all_with_and_without_the_code_site_hint(kind):
+    """The schedules with the hint are skipped where their own lower bound shows they cannot do as well as the
+    best one without it (the TreeLSTM's); where they run, they win ties (the recursive net's). The choice is
+    the best of all."""
+    torch.manual_seed(0)
+    if kind == "treelstm":
+        data = dataset("treelstm", 12)
+        model, x = Forest(MODELS["treelstm"][0](HIDDEN), [c for c, _ in data]), torch.cat([x for _, x in data])
+    else:
+        forest = random_binary_forest(16, 12)
+        model, x = Forest(RecursiveNet(), forest), torch.randn(sum(map(len, forest)), HIDDEN)
+
+    def chosen(**options):
+        graph = dynamo_relational.compile(model, x, inductor=False, progress=False, **options).report.graphs[0]
+        return graph.groups, graph.schedule
+
+    counts = {(name, hint): chosen(scheduler=name, code_site_hint=hint)[0]
+              for name in ("asap", "agenda") for hint in (True, False)}
+    groups, label = chosen()
+    assert groups == min(counts.values()), (groups, label, counts)
+    assert counts[label.removesuffix("+site"), label.endswith("+site")] == groups
+
 @pytest.mark.parametrize("kind, samples", [("treelstm", 80), ("childsum", 160)])
 def test_tree_lstm_unions_are_scheduled_within_five_percent_of_the_bound(kind, samples):
     """Random trees of 2-40 nodes (DyNet's agenda needed 1.15x the bound for the TreeLSTM, ASAP 1.12x for the
