@@ -234,6 +234,8 @@ class _Key:
 @dataclass
 class _Cache:
     structures: dict[Hashable, _Structure] = field(default_factory=dict)
+    #: the structures that may join a union (not refused on their own), in the order seen
+    joinable: list[Hashable] = field(default_factory=list)
     union: "_Union | None" = None
     #: why grouping the structures failed, and how many there were (not tried again until more come)
     refused: tuple[int, str] | None = None
@@ -333,12 +335,17 @@ class BatchedModule(nn.Module):
                 log.info("relational: forward reads the values of the integer tensor(s) at %s: they are keyed by "
                          "value, as structure", sorted(e.paths))
                 self._by_value |= e.paths
-        structures = self._cache.structures
-        refused = next((structures[k].refused for k in keys if structures[k].refused), None)
-        union = refused or self._union_for(keys, new)
+        union = self._union_for(keys, new)
         if isinstance(union, str):
             return self._one_by_one(samples, union, traced)
         held = [i for i, k in enumerate(keys) if union is not None and k in union.position]
+        # a structure refused on its own runs with the model, beside the others from the union
+        structures = self._cache.structures
+        refused = next((structures[k].refused for k in keys if structures[k].refused), None)
+        if refused is not None:
+            if not held:
+                return self._one_by_one(samples, refused, traced)
+            self._note_unbatched(refused)
         results: list[Any] = [None] * len(samples)
         if union is not None and held:
             for i, result in zip(held, self._run(union, [keys[i] for i in held], [tensors[i] for i in held])):
@@ -392,6 +399,8 @@ class BatchedModule(nn.Module):
                     structures[k], result = self._traced(samples[i], tensors[i])
                 except FrontendError as e:
                     raise FrontendError(f"sample {i}: {e}") from e
+                if structures[k].graph is not None:
+                    self._cache.joinable.append(k)
                 if result is not None:
                     results[i] = result
                 self.report.structures += 1   # (kept, as the structures traced before a sample that fails)
@@ -432,14 +441,15 @@ class BatchedModule(nn.Module):
         held = union.position if union is not None else {}
         if all(k in held for k in keys):
             return union
-        structures = self._cache.structures
-        if self._cache.refused is not None and self._cache.refused[0] == len(structures):
+        joinable = self._cache.joinable
+        if self._cache.refused is not None and self._cache.refused[0] == len(joinable):
             return self._cache.refused[1]
-        back = sum(1 for k in keys if k not in held and k not in new)
-        if 2 * back >= len(keys) and len(structures) - len(held) >= REGROUP_SHARE * len(held):
-            regrouped = self._group(list(structures), len(keys))
+        structures = self._cache.structures
+        back = sum(1 for k in keys if k not in held and k not in new and structures[k].graph is not None)
+        if 2 * back >= len(keys) and len(joinable) - len(held) >= REGROUP_SHARE * len(held):
+            regrouped = self._group(list(joinable), len(keys))
             if isinstance(regrouped, str):
-                self._cache.refused = (len(structures), regrouped)
+                self._cache.refused = (len(joinable), regrouped)
                 return regrouped
             self._cache.union = union = regrouped
         return union
@@ -520,10 +530,14 @@ class BatchedModule(nn.Module):
     def _one_by_one(self, samples: list[tuple], reason: str, traced: dict[int, tuple]) -> list[Any]:
         """The samples' results from the model itself (or from their traces, which were its calls)."""
         self.report.unbatched += 1
+        self._note_unbatched(reason)
+        return [self._called(samples, i, traced) for i in range(len(samples))]
+
+    def _note_unbatched(self, reason: str) -> None:
+        """Report why samples run with the model itself (logged once per reason in a row)."""
         if reason != self.report.unbatched_reason:
             self.report.unbatched_reason = reason
             log.warning("relational: batch runs its samples one by one with the model: %s", reason)
-        return [self._called(samples, i, traced) for i in range(len(samples))]
 
     def _called(self, samples: list[tuple], i: int, traced: dict[int, tuple]) -> Any:
         """Sample ``i``'s result from the model itself, or from its trace, which was the model's call."""

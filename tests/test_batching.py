@@ -1030,6 +1030,34 @@ def test_activations_written_in_place_group_in_a_union(view):
         (0 if view else 1)
 
 
+
+class _WritesInPlaceWhenOdd(nn.Module):
+    """Samples ``(n, x)``: odd ``n`` write into a value read before the write, which keeps the sample's order
+    (its structure cannot join a union)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, n, x):
+        h = self.lin(x[0])
+        if n % 2:
+            before = h * 2
+            h.add_(1)
+            return before + h
+        return torch.tanh(h)
+
+
+def test_structures_refused_on_their_own_run_with_the_model_beside_a_union_of_the_others():
+    model = _WritesInPlaceWhenOdd()
+    samples = [(n, torch.randn(2, 3, dtype=torch.float64)) for n in range(6)]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, samples, through_union=False)   # traced: the model's calls
+    assert_batches_match_eager(batched, model, samples, through_union=False)   # the others grouped
+    assert batched.report.groupings == 1 and batched.report.eager_samples == 3, batched.report
+    assert "keeps its order" in batched.report.unbatched_reason
+    assert_batches_match_eager(batched, model, samples[::2])   # (the even ones: all from the union)
+
 class _NormedNodes(nn.Module):
     """``nn.LayerNorm`` per node; ``whole`` also normalizes the stack of all nodes' states (across rows)."""
 
