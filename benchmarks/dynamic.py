@@ -2,7 +2,7 @@
 and, for the TreeLSTMs, code batched by hand.
 
     python -m benchmarks.dynamic [--models treelstm childsum treernn gcn gin] [--samples 400] [--batch 25]
-                                 [--epochs 4]
+                                 [--epochs 4] [--max-union-nodes N]
                                  [--threads 1] [--device cpu]
 
 For each model of ``examples/per_sample.py`` (written for one sample), trains
@@ -13,7 +13,9 @@ long while the machine's speed drifts, the systems take turns batch by batch
 epoch, so that each system's steps run after its own, as in a training loop:
 
 * ``eager``: the model called sample by sample;
-* ``batched``: ``dynamo_relational.batch(model)``;
+* ``batched``: ``dynamo_relational.batch(model)`` (``--max-union-nodes N``: its
+  ``max_union_nodes=N``, the structures grouped as several unions of at most
+  ``N`` FX nodes each);
 * ``by hand`` (the TreeLSTMs): :func:`level_batched_tree_lstm`, the same cell
   written for a whole batch, every node of one height at once, as DGL-style
   hand-batched code does: the bar a compiler that batches for the user should reach;
@@ -140,7 +142,8 @@ def resident_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 10
 
 
-def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cpu", treebank: bool = False) -> dict:
+def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cpu", treebank: bool = False,
+        max_union_nodes: int | str | None = "auto") -> dict:
     import dynamo_relational
 
     torch.manual_seed(0)
@@ -151,7 +154,7 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     eager = MODELS[kind][0](data[0][1].shape[1]).to(device)
     model = copy.deepcopy(eager)
     systems = {"eager": (eager, lambda batch: [eager(*s) for s in batch]),
-               "batched": (model, dynamo_relational.batch(model, progress=False))}
+               "batched": (model, dynamo_relational.batch(model, progress=False, max_union_nodes=max_union_nodes))}
     if kind in ("treelstm", "childsum"):
         by_hand = copy.deepcopy(eager)
         systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, batch))
@@ -202,11 +205,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--treebank", action="store_true",
                         help="the tree models read binary parse trees of SST-shaped sentences (4-48 words, about "
                              "19 on average) instead of random trees of 2-40 nodes")
+    parser.add_argument("--max-union-nodes", type=int, default=None,
+                        help="group the structures as several unions of at most this many FX nodes each "
+                             "(default: as many as the memory available holds)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = []
     for kind in args.models:
-        result = run(kind, args.samples, args.batch, args.epochs, args.device, args.treebank)
+        result = run(kind, args.samples, args.batch, args.epochs, args.device, args.treebank,
+                     args.max_union_nodes or "auto")
         steady = "  ".join(f"{name} {s:.2f} s ({result['steady_ratio'][name]:.1f}x)"
                            for name, s in result["steady_s"].items())
         diffs = ", ".join(f"{name} {d:.1e}" for name, d in result["weight_diff"].items())

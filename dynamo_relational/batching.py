@@ -21,7 +21,10 @@ model does not run a second time (unless the recording gives up on code it
 cannot see in full: the structure is then traced from copies of the tensors).
 When structures come back
 (:data:`REGROUP_SHARE`), every structure seen is grouped as the new union, which
-then serves every batch: usually once, when the second epoch begins.
+then serves every batch: usually once, when the second epoch begins. Where the
+ungrouped union would not fit in memory (``max_union_nodes``), the structures
+are grouped in several unions (shards) of consecutive structures, each batch
+running each union that holds some of its samples.
 
 A sample's structure is everything of its arguments except the values of its
 tensors: the Python objects (compared by value, recursively through lists,
@@ -47,12 +50,13 @@ import dataclasses
 import enum
 import inspect
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Callable, Collection, Hashable, Sequence
+from typing import Any, Callable, Collection, Hashable, Literal, Sequence
 
 import numpy
 import torch
@@ -61,7 +65,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .kernels.gather_reduce import INDEXED_FORMS
-from .errors import DataDependenceError, FrontendError
+from .errors import DataDependenceError, FrontendError, OptionsError
 from .module_hooks import global_hooks, module_hooks
 from .options import Options
 from .passes import PassContext
@@ -82,20 +86,29 @@ __all__ = ["batch", "BatchedModule", "BatchReport", "fingerprint"]
 #: fraction of those in it (so that regrouping costs O(structures) in all); else the samples outside the
 #: union run with the model itself
 REGROUP_SHARE = 0.125
+#: what grouping a union takes per FX node of it at its peak (measured: 2.1-2.5 KB, the ungrouped union as an FX
+#: graph and the grouping pass's tables); ``max_union_nodes="auto"`` fits the unions into the memory available
+UNION_BYTES_PER_NODE = 2500
 #: code made per union (when it is grouped), each for the batches that leave a set of its values empty (the
 #: batches of a depth, for trees: they skip the deeper levels); a batch runs the one that skips the most
 MAX_PRUNED_GRAPHS = 12
 
 
-def batch(model: nn.Module, *, key: Callable[..., Hashable] | None = None, **options: Any) -> "BatchedModule":
+def batch(model: nn.Module, *, key: Callable[..., Hashable] | None = None,
+          max_union_nodes: int | Literal["auto"] | None = "auto", **options: Any) -> "BatchedModule":
     """``model`` (whose ``forward`` takes one sample) run over lists of samples; see the module docstring.
 
-    ``key(*sample)``, if given, names a sample's structure (default: :func:`fingerprint`). Keyword
-    options are the backend's (:class:`~dynamo_relational.Options`); ``progress`` shows a bar while
-    new samples are traced."""
+    ``key(*sample)``, if given, names a sample's structure (default: :func:`fingerprint`).
+    ``max_union_nodes`` bounds the FX nodes of the traced structures grouped as one union (what grouping's
+    memory grows with); more are grouped as several unions, and a batch runs each that holds some of its
+    samples. ``"auto"``: as many as the memory available when grouping begins holds
+    (:data:`UNION_BYTES_PER_NODE` each); ``None``: no bound. Keyword options are the backend's
+    (:class:`~dynamo_relational.Options`); ``progress`` shows a bar while new samples are traced."""
     if not isinstance(model, nn.Module):
         raise FrontendError(f"batch expects an nn.Module, got {type(model).__name__}")
-    return BatchedModule(model, key, Options.from_mapping(options))
+    if not (max_union_nodes in (None, "auto") or (type(max_union_nodes) is int and max_union_nodes > 0)):
+        raise OptionsError(f"max_union_nodes must be a positive int, 'auto' or None, got {max_union_nodes!r}")
+    return BatchedModule(model, key, Options.from_mapping(options), max_union_nodes)
 
 
 @dataclass
@@ -118,11 +131,13 @@ class BatchReport:
     assembly_seconds: list[float] = field(default_factory=list)
     #: FX nodes of the traced structures kept (for grouping them again): what memory grows with
     kept_nodes: int = 0
-    #: FX nodes of the current union before and after grouping
+    #: the current unions: one, unless the structures' FX nodes exceed ``max_union_nodes``
+    unions: int = 0
+    #: FX nodes of the current unions before and after grouping
     union_nodes: tuple[int, int] = (0, 0)
-    #: groups of the current union's schedule, and ED-Batch's lower bound on them (``explain()``'s quality)
+    #: groups of the current unions' schedules, and ED-Batch's lower bound on them (``explain()``'s quality)
     union_groups: tuple[int, int] = (0, 0)
-    #: the current union's code: how many variants (for batches that leave values empty), and the fewest and
+    #: the current unions' code: how many variants (for batches that leave values empty), and the fewest and
     #: most ops one runs
     union_code: tuple[int, int, int] = (0, 0, 0)
 
@@ -132,6 +147,7 @@ class BatchReport:
         lines = [
             ("samples", self.samples), ("batches", self.batches), ("structures traced", self.structures),
             ("FX nodes kept of the traced structures", self.kept_nodes), ("unions grouped", self.groupings),
+            ("current unions", self.unions),
             ("union FX nodes before/after", "%d / %d" % self.union_nodes),
             ("union groups / lower bound", "%d / %d" % self.union_groups),
             ("union code variants (ops, fewest-most)", "%d (%d-%d)" % self.union_code),
@@ -236,7 +252,10 @@ class _Cache:
     structures: dict[Hashable, _Structure] = field(default_factory=dict)
     #: the structures that may join a union (not refused on their own), in the order seen
     joinable: list[Hashable] = field(default_factory=list)
-    union: "_Union | None" = None
+    #: the unions grouped from consecutive runs of ``joinable`` (one unless ``max_union_nodes`` splits them)
+    unions: list["_Union"] = field(default_factory=list)
+    #: structure -> the union that holds it
+    holder: dict[Hashable, "_Union"] = field(default_factory=dict)
     #: why grouping the structures failed, and how many there were (not tried again until more come)
     refused: tuple[int, str] | None = None
 
@@ -261,6 +280,9 @@ class _Union:
     #: every structure's result is one tensor (the graph's only output, no constants): a sample's result is
     #: its part of that output
     single_tensor: bool = False
+    #: FX nodes before and after grouping; groups and their lower bound
+    nodes: tuple[int, int] = (0, 0)
+    groups: tuple[int, int] = (0, 0)
 
     def __post_init__(self):
         self.ops = self.plan.ops_per_slot
@@ -300,11 +322,13 @@ class BatchedModule(nn.Module):
     """The result of :func:`batch`: call it with a list of samples (argument tuples); returns the list of
     ``model``'s results, in order. Gradients reach ``model.parameters()``; ``report`` tells what it did."""
 
-    def __init__(self, model: nn.Module, key: Callable[..., Hashable] | None, options: Options):
+    def __init__(self, model: nn.Module, key: Callable[..., Hashable] | None, options: Options,
+                 max_union_nodes: int | Literal["auto"] | None = "auto"):
         super().__init__()
         self.model = model
         self.key = key
         self.options = options
+        self.max_union_nodes = max_union_nodes
         self.report = BatchReport()
         #: per state of the modules (:meth:`_state`): the structures traced and the union grouped in it
         self._caches: dict[tuple, _Cache] = {}
@@ -335,10 +359,11 @@ class BatchedModule(nn.Module):
                 log.info("relational: forward reads the values of the integer tensor(s) at %s: they are keyed by "
                          "value, as structure", sorted(e.paths))
                 self._by_value |= e.paths
-        union = self._union_for(keys, new)
-        if isinstance(union, str):
-            return self._one_by_one(samples, union, traced)
-        held = [i for i, k in enumerate(keys) if union is not None and k in union.position]
+        refusal = self._regroup_if_due(keys, new)
+        if refusal is not None:
+            return self._one_by_one(samples, refusal, traced)
+        holder = self._cache.holder
+        held = [i for i, k in enumerate(keys) if k in holder]
         # a structure refused on its own runs with the model, beside the others from the union
         structures = self._cache.structures
         refused = next((structures[k].refused for k in keys if structures[k].refused), None)
@@ -347,9 +372,18 @@ class BatchedModule(nn.Module):
                 return self._one_by_one(samples, refused, traced)
             self._note_unbatched(refused)
         results: list[Any] = [None] * len(samples)
-        if union is not None and held:
-            for i, result in zip(held, self._run(union, [keys[i] for i in held], [tensors[i] for i in held])):
-                results[i] = result
+        if held:
+            by_union: dict[int, list[int]] = {}
+            for i in held:
+                by_union.setdefault(id(holder[keys[i]]), []).append(i)
+            assembly = 0.0
+            for chosen in by_union.values():
+                union_results, seconds = self._run(holder[keys[chosen[0]]], [keys[i] for i in chosen],
+                                                   [tensors[i] for i in chosen])
+                assembly += seconds
+                for i, result in zip(chosen, union_results):
+                    results[i] = result
+            self.report.assembly_seconds.append(assembly)
         for i in sorted(set(range(len(samples))) - set(held)):
             results[i] = self._called(samples, i, traced)
         self.report.eager_samples += len(samples) - len(held)
@@ -434,25 +468,64 @@ class BatchedModule(nn.Module):
         return _Structure(graph), traced.result
 
     # -- the union ----------------------------------------------------------
-    def _union_for(self, keys: Sequence[Hashable], new: set[Hashable]) -> _Union | str | None:
-        """The union, grouped again over every structure seen when :data:`REGROUP_SHARE`'s rule says so
-        (None: none yet; a string: why the structures cannot be grouped)."""
-        union = self._cache.union
-        held = union.position if union is not None else {}
+    def _regroup_if_due(self, keys: Sequence[Hashable], new: set[Hashable]) -> str | None:
+        """Group every structure seen again when :data:`REGROUP_SHARE`'s rule says so; why they cannot be
+        grouped, if they cannot."""
+        held = self._cache.holder
         if all(k in held for k in keys):
-            return union
+            return None
         joinable = self._cache.joinable
         if self._cache.refused is not None and self._cache.refused[0] == len(joinable):
             return self._cache.refused[1]
         structures = self._cache.structures
         back = sum(1 for k in keys if k not in held and k not in new and structures[k].graph is not None)
         if 2 * back >= len(keys) and len(joinable) - len(held) >= REGROUP_SHARE * len(held):
-            regrouped = self._group(list(joinable), len(keys))
-            if isinstance(regrouped, str):
-                self._cache.refused = (len(joinable), regrouped)
-                return regrouped
-            self._cache.union = union = regrouped
-        return union
+            # a shard the unions have already (the same structures) is kept as it is
+            kept = {tuple(union.keys): union for union in self._cache.unions}
+            unions = []
+            for shard in self._shards(joinable):
+                union = kept.get(tuple(shard)) or self._group(shard, len(keys))
+                if isinstance(union, str):
+                    self._cache.refused = (len(joinable), union)
+                    return union
+                unions.append(union)
+            self._cache.unions = unions
+            self._cache.holder = {k: union for union in unions for k in union.keys}
+            self._report_unions()
+        return None
+
+    def _shards(self, keys: list[Hashable]) -> list[list[Hashable]]:
+        """``keys`` split into runs of consecutive structures of at most ``max_union_nodes`` FX nodes each (a
+        structure larger than that alone): one run where they fit."""
+        nodes = [len(self._graph(k).records) for k in keys]
+        bound = self.max_union_nodes
+        if bound == "auto":
+            available = available_memory()
+            bound = None if available is None else max(1, available // UNION_BYTES_PER_NODE)
+        if bound is None or sum(nodes) <= bound:
+            return [list(keys)]
+        shards: list[list[Hashable]] = [[]]
+        total = 0
+        for k, n in zip(keys, nodes):
+            if shards[-1] and total + n > bound:
+                shards.append([])
+                total = 0
+            shards[-1].append(k)
+            total += n
+        log.warning("relational: batch groups the %d structures seen as %d unions of at most %d FX nodes each "
+                    "(max_union_nodes=%r); a batch runs each union that holds some of its samples",
+                    len(keys), len(shards), bound, self.max_union_nodes)
+        return shards
+
+    def _report_unions(self) -> None:
+        unions = self._cache.unions
+        report = self.report
+        report.unions = len(unions)
+        report.union_nodes = tuple(map(sum, zip(*(u.nodes for u in unions))))   # type: ignore[assignment]
+        report.union_groups = tuple(map(sum, zip(*(u.groups for u in unions))))   # type: ignore[assignment]
+        ops = [len([n for n in graph.graph.nodes if n.op in ("call_function", "call_method")])
+               for union in unions for graph in union.graphs]
+        report.union_code = (len(ops), min(ops), max(ops))
 
     def _group(self, keys: list[Hashable], batch_size: int) -> _Union | str:
         start = time.perf_counter()
@@ -479,7 +552,8 @@ class BatchedModule(nn.Module):
                 progress.step()
                 progress.start("code for batches")
                 single = all(g.out_spec.is_leaf() and not g.constants for g in graphs)
-                grouped = _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, batch_size, single)
+                grouped = _Union(keys, {k: i for i, k in enumerate(keys)}, layout, plan, batch_size, single,
+                                 (nodes_before, len(plan.graph.graph.nodes)), (stats["groups"], stats["lower_bound"]))
                 progress.step()
         except (NotBatchable, Refused) as e:
             return str(e)
@@ -487,11 +561,6 @@ class BatchedModule(nn.Module):
             _hand_back_freed_memory()
             self.report.grouping_seconds += time.perf_counter() - start
         self.report.groupings += 1
-        self.report.union_nodes = (nodes_before, len(plan.graph.graph.nodes))
-        self.report.union_groups = (stats["groups"], stats["lower_bound"])
-        ops = [len([n for n in graph.graph.nodes if n.op in ("call_function", "call_method")])
-               for graph in grouped.graphs]
-        self.report.union_code = (len(ops), min(ops), max(ops))
         return grouped
 
     def _graph(self, key: Hashable) -> SampleGraph:
@@ -504,7 +573,8 @@ class BatchedModule(nn.Module):
                                                   *self.model.named_buffers(remove_duplicate=False)]}
 
     # -- running ------------------------------------------------------------
-    def _run(self, union: _Union, keys: Sequence[Hashable], tensors: Sequence[list]) -> list[Any]:
+    def _run(self, union: _Union, keys: Sequence[Hashable], tensors: Sequence[list]) -> tuple[list[Any], float]:
+        """The samples' results from ``union``, and the seconds their inputs and index tensors took."""
         start = time.perf_counter()
         batch = Batch([union.position[k] for k in keys])
         inputs = []
@@ -512,12 +582,12 @@ class BatchedModule(nn.Module):
             parts = [sample_tensors[j] for sample_tensors in tensors]
             inputs.append(torch.cat(parts) if layout == "cat" else torch.stack(parts))
         arguments = union.plan.arguments(batch)
-        self.report.assembly_seconds.append(time.perf_counter() - start)
+        assembly = time.perf_counter() - start
         outputs = union.run_for(batch)(*inputs, *arguments)
         per_output = [union.plan.split(batch, j, value, layout == "stack")
                       for j, (value, layout) in enumerate(zip(outputs, union.layout.outputs))]
         if union.single_tensor:
-            return list(per_output[0])
+            return list(per_output[0]), assembly
         results = []
         for b, k in enumerate(keys):
             graph = self._graph(k)
@@ -525,7 +595,7 @@ class BatchedModule(nn.Module):
             for position, value in graph.constants.items():
                 leaves.insert(position, value)
             results.append(leaves[0] if graph.out_spec.is_leaf() else pytree.tree_unflatten(leaves, graph.out_spec))
-        return results
+        return results, assembly
 
     def _one_by_one(self, samples: list[tuple], reason: str, traced: dict[int, tuple]) -> list[Any]:
         """The samples' results from the model itself (or from their traces, which were its calls)."""
@@ -542,6 +612,22 @@ class BatchedModule(nn.Module):
     def _called(self, samples: list[tuple], i: int, traced: dict[int, tuple]) -> Any:
         """Sample ``i``'s result from the model itself, or from its trace, which was the model's call."""
         return traced[i][0] if i in traced else self.model(*samples[i])
+
+
+def available_memory() -> int | None:
+    """The bytes of memory that new allocations can take without swapping (Linux's ``MemAvailable``; else the
+    free physical pages); None where neither is known."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 #: glibc's ``malloc_trim`` once looked up (False: the C library has none)

@@ -110,7 +110,7 @@ def test_values_every_sample_computes_alike_are_computed_once_in_the_union():
     (``fh(zeros)``): one node for all samples, not one per sample."""
     data, model, batched = traced_per_sample("childsum", 12)
     assert_batches_match_eager(batched, model, data[::-1])
-    nodes = batched._cache.union.plan.graph.graph.nodes
+    nodes = batched._cache.unions[0].plan.graph.graph.nodes
     assert sum(1 for n in nodes if n.target is torch.zeros) <= 1
 
 
@@ -187,6 +187,55 @@ def test_grouping_hands_the_c_heaps_freed_memory_back_once_per_union(libc, monke
     assert libc == "glibc" or batching._MALLOC_TRIM is False
 
 
+@pytest.mark.parametrize("kind", ["treelstm", "gcn"])
+def test_structures_beyond_max_union_nodes_group_as_several_unions_each_batch_running_those_it_needs(kind):
+    data, model, batched = traced_per_sample(kind, 16, progress=False, max_union_nodes=2000)
+    order = random.Random(0).sample(range(len(data)), len(data))
+    for chosen in (order[:8], order[8:], order[1:-1] + order[1:2]):
+        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
+    report = batched.report
+    assert report.unions == report.groupings == len(batched._cache.unions) > 1, report
+    nodes = [sum(len(batched._cache.structures[k].graph.records) for k in union.keys)
+             for union in batched._cache.unions]
+    assert all(n <= 2000 for n in nodes) and report.union_nodes[0] == sum(u.nodes[0] for u in batched._cache.unions)
+    assert report.unbatched == 0 and "current unions" in str(report)
+
+
+def test_new_structures_regroup_only_the_union_they_join_when_unions_are_bounded():
+    """Shards are runs of consecutive structures in the order seen: those already full are kept as they are."""
+    data = dataset("treernn", 40, features=4, dtype=torch.float64)
+    model = TreeRNN(4).double()
+    batched = dynamo_relational.batch(model, progress=False, max_union_nodes=600)
+    first, later = data[:30], data[30:]
+    batched(first)   # traced
+    batched(first)   # grouped
+    before, groupings = list(batched._cache.unions), batched.report.groupings
+    assert len(before) > 2
+    batched(later)   # traced
+    assert_batches_match_eager(batched, model, later[:6] + first[:2])   # back: grouped again
+    after = batched._cache.unions
+    assert list(map(id, after[:len(before) - 1])) == list(map(id, before[:-1])), "a full union was grouped again"
+    assert batched.report.groupings - groupings == len(after) - (len(before) - 1)
+
+
+def test_auto_max_union_nodes_fits_the_unions_into_the_memory_available(monkeypatch):
+    from dynamo_relational import batching
+
+    monkeypatch.setattr(batching, "available_memory", lambda: 1000 * batching.UNION_BYTES_PER_NODE)
+    data, model, batched = traced_per_sample("treernn", 12, progress=False)
+    assert_batches_match_eager(batched, model, data)
+    assert batched.report.unions > 1
+    monkeypatch.setattr(batching, "available_memory", lambda: None)   # (unknown: one union)
+    data, model, batched = traced_per_sample("treernn", 12, progress=False)
+    assert_batches_match_eager(batched, model, data)
+    assert batched.report.unions == 1
+
+
+@pytest.mark.parametrize("bound", [0, -5, 2.5, "all"])
+def test_a_bad_max_union_nodes_is_refused_by_name(bound):
+    with pytest.raises(dynamo_relational.OptionsError, match="max_union_nodes"):
+        dynamo_relational.batch(TreeRNN(4), max_union_nodes=bound)
+
 def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
     """The union computes every level of its deepest tree; a batch of smaller trees runs code, made when the
     union was grouped, without values that batch leaves empty, and still equals eager."""
@@ -194,7 +243,7 @@ def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
 
     data, model, batched = traced_per_sample("treelstm", 16)
     batched(data[:4])   # the union is grouped for batches of 4
-    union = batched._cache.union
+    union = batched._cache.unions[0]
     assert len(union.runs) > 2
 
     def ops(run) -> int:
@@ -985,7 +1034,7 @@ def test_options_disable_passes_and_a_failing_optimizer_pass_leaves_the_union_as
         data, model, batched = traced_per_sample("treelstm", 6, disable=disable)
         assert_batches_match_eager(batched, model, data)
         adds_of_gathers[disable] = any(n.target is torch.add and n.args[0].target in (torch.index_select, getitem)
-                                       for n in batched._cache.union.plan.graph.graph.nodes)
+                                       for n in batched._cache.unions[0].plan.graph.graph.nodes)
     assert adds_of_gathers == {(): True, ("pair_sums",): False}
 
     def broken(gm, ctx):

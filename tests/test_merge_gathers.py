@@ -9,13 +9,13 @@ from tests.helpers import assert_batches_match_eager, assert_compiled_matches_ea
 
 
 def _splits(batched) -> int:
-    return sum(n.target is torch.split for n in batched._cache.union.plan.graph.graph.nodes)
+    return sum(n.target is torch.split for n in batched._cache.unions[0].plan.graph.graph.nodes)
 
 
 def _joined_index_inputs(batched) -> int:
     """``torch.cat`` nodes of the batch graph that join its inputs (index tensors assembled apart)."""
     return sum(n.target is torch.cat and all(a.op == "placeholder" for a in n.args[0])
-               for n in batched._cache.union.plan.graph.graph.nodes)
+               for n in batched._cache.unions[0].plan.graph.graph.nodes)
 
 
 @pytest.mark.parametrize("kind", ["treelstm", "childsum", "treernn"])

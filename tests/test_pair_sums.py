@@ -66,7 +66,7 @@ def test_a_tree_lstm_union_adds_each_levels_two_terms_for_every_batch():
     """``W x + U h`` of every level of the union; batches of other samples equal eager."""
     data, model, batched = traced_per_sample("treelstm", 12)
     assert_batches_match_eager(batched, model, data[::-1])
-    nodes = batched._cache.union.plan.graph.graph.nodes
+    nodes = batched._cache.unions[0].plan.graph.graph.nodes
     # (the gather, or its part of the gathers merged for the union)
     assert any(n.target is torch.add and n.args[0].target in (torch.index_select, getitem) for n in nodes)
     for batch in (data[:3], data[5:], [data[4]] * 2):
