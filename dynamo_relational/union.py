@@ -11,7 +11,9 @@ at once:
   samples' tensors along dim 0, or ``torch.stack`` of 0-d ones and of ones of
   one shape that a sample reads as a whole); a sample's row read ``x[v]``
   becomes a read of its row in that input, so the reads of every sample group
-  into one gather, and a stacked argument is a row of its input;
+  into one gather, and a stacked argument is a row of its input; a row-wise
+  op of a sample's rows is its rows of that op over the joined input, and a
+  reduction over them (``h.sum(0)``) the aggregation of its rows;
 * every node is tagged with its sample (``meta["rel_sample"]``), which the
   vectorizer keeps per row (``meta["rel_row_samples"]``): no row is shared by
   two samples, so a group restricted to some samples' rows computes exactly
@@ -42,6 +44,7 @@ from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 from .backend import run_pass
 from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
+from .ops.aggregate import REDUCTIONS, aggregate
 from .ops.facts import is_factory
 from .options import Options
 from .progress import NONE as NO_PROGRESS, CompileProgress
@@ -344,8 +347,9 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
                 rows_of[i] = rows
                 env.append(None)
                 continue
-            # (a name of its own: fx's search for a free one grows with the copies of the same name)
-            new = new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
+            new = _reduced_rows(graph, op, target, args, kwargs, meta, rows_of, s)
+            if new is None:   # (a name of its own: fx's search for a free one grows with the copies of the same name)
+                new = new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
         new.meta.update(meta)
         key = shared.key(new) if row is None and i not in results else None
         if key is not None and key in shared.computed:   # another sample's: now of no one sample
@@ -397,6 +401,45 @@ def _rows_of_op(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
     if key is not None:
         shared.union_rows[key] = made
     return made, first, n
+
+
+#: reductions over a tensor's rows that an aggregation of its rows computes, by target
+_ROW_REDUCTIONS = {**{getattr(torch, r): r for r in REDUCTIONS}, **{r: r for r in REDUCTIONS}}
+
+
+def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, meta: tuple,
+                  rows_of: dict[int, tuple[fx.Node, int, int]], s: int) -> fx.Node | None:
+    """The aggregation of a sample's rows of a union value where a record reduces them over dim 0 (a set's
+    ``self.phi(x).sum(0)``, ``h.mean(dim=0, keepdim=True)``): each row is read from the union value, as per-node
+    code reads ``h[v]``, so the aggregations of all samples group as one segment reduction; None for any
+    other record, and for a sample without rows (eager's sum of no rows is zeros, its amax an error)."""
+    if op not in ("call_function", "call_method") or not args or type(args[0]) is not _Slot \
+            or args[0] not in rows_of:
+        return None
+    try:
+        reduce = _ROW_REDUCTIONS.get(target)
+    except TypeError:   # (an unhashable target)
+        return None
+    named = dict(zip(("dim", "keepdim"), args[1:]), **kwargs) if len(args) <= 3 else None
+    if reduce is None or named is None or set(named) - {"dim", "keepdim"} \
+            or named.get("dim") not in (0, (0,), [0]) or named.get("keepdim", False) not in (True, False):
+        return None
+    union_value, first, n = rows_of[args[0]]
+    whole, info = tensor_info(union_value), dict(meta).get("rel_info")
+    if n == 0 or whole is None or info is None:
+        return None
+    row = TensorInfo(whole.shape[1:], whole.dtype, whole.device)
+    source = {k: v for k, v in meta if k == "stack_trace"}
+    terms = []
+    for r in range(first, first + n):
+        term = new_node(graph, "call_function", operator.getitem, (union_value, r), {})
+        term.meta.update(source, rel_info=row, **{SAMPLE: s})
+        terms.append(term)
+    reduced = new_node(graph, "call_function", aggregate, (terms, reduce), {})
+    if not named.get("keepdim"):
+        return reduced
+    reduced.meta.update(source, rel_info=row, **{SAMPLE: s})
+    return new_node(graph, "call_method", "unsqueeze", (reduced, 0), {})
 
 
 def _row_read(op: str, target: Any, args: tuple, kwargs: dict,

@@ -495,11 +495,33 @@ def test_a_layer_over_all_of_a_samples_nodes_returned_as_it_is_batches():
     assert_shuffled_batches_match_eager(_RowsOfALayer(), dataset("gcn", 10, features=4, dtype=torch.float64))
 
 
-def test_a_first_layer_also_read_as_a_whole_still_matches_eager():
-    model, data = _DenseFirstLayer(whole=True), dataset("gcn", 10, features=4, dtype=torch.float64)
-    batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
-    assert_batches_match_eager(batched, model, data[::-1], through_union=False)
+def test_a_first_layer_also_reduced_over_all_of_a_samples_nodes_batches():
+    assert_shuffled_batches_match_eager(_DenseFirstLayer(whole=True), dataset("gcn", 10, features=4,
+                                                                              dtype=torch.float64))
+
+
+class _DeepSets(nn.Module):
+    """A set model: ``rho(reduce(phi(x)))`` over the rows of one set ``x`` (of any size)."""
+
+    def __init__(self, reduce: str):
+        super().__init__()
+        self.reduce = reduce
+        self.phi, self.rho = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 2, dtype=torch.float64)
+
+    def forward(self, x):
+        h = torch.relu(self.phi(x))
+        pooled = {"sum": lambda: h.sum(0), "mean": lambda: torch.mean(h, dim=0), "amax": lambda: h.amax(0),
+                  "keepdim": lambda: h.sum(0, keepdim=True)[0], "of the input": lambda: self.phi(x.mean(0)),
+                  }[self.reduce]()
+        return self.rho(pooled)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "keepdim", "of the input"])
+def test_a_reduction_over_all_of_a_samples_rows_batches_as_one_segment_reduction(reduce):
+    """Each sample's ``h.sum(0)`` of its rows of one layer over all samples (or of its own rows of the joined
+    input) reads its rows, which one aggregation group reduces per sample (before, every sample ran alone)."""
+    batched = assert_rows_batch_as_eager(_DeepSets(reduce))
+    assert batched.report.union_nodes[1] < 25, batched.report
 
 
 def test_a_result_read_as_a_whole_per_sample_runs_the_samples_one_by_one():
