@@ -347,9 +347,9 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
                 rows_of[i] = rows
                 env.append(None)
                 continue
-            new = _reduced_rows(graph, op, target, args, kwargs, meta, rows_of, s)
-            if new is None:   # (a name of its own: fx's search for a free one grows with the copies of the same name)
-                new = new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
+            # (a name of its own: fx's search for a free one grows with the copies of the same name)
+            new = _reduced_rows(graph, op, target, args, kwargs, meta, rows_of, s) or \
+                new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
         new.meta.update(meta)
         key = shared.key(new) if row is None and i not in results else None
         if key is not None and key in shared.computed:   # another sample's: now of no one sample
