@@ -45,6 +45,7 @@ from dynamo_relational.passes.vectorize import ROW_SAMPLES, SAMPLE
 from .assembly import Assembly
 from .backend import use_forms
 from .ops import REGISTRY, NeuronOp, tensor_info
+from .ops.aggregate import aggregate
 from .ops.along import GATHER_ALONG, values_or_indices
 from .ops.base import TensorInfo, value_info
 from .ops.cells import CELL
@@ -735,6 +736,10 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
                     raise Refused(f"{_describe(node)} broadcasts rows of samples")
             elif a_info is not None and len(a_info.shape) == rank and a_info.shape[0] != 1:
                 raise Refused(f"{_describe(node)} combines rows of samples with a shared value's rows")
+        return first
+    if target is aggregate:   # an n-ary sum of rows values (``h + self.lin(h)`` over a sample's rows): row by row
+        if any(term not in analysis.rows for term in cast(Sequence, args[0])):
+            raise Refused(f"{_describe(node)} aggregates rows of samples with a shared value")
         return first
     linear, product = linear_args(node), product_operands(node)
     if linear is not None:

@@ -45,6 +45,7 @@ from .backend import run_pass
 from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.aggregate import REDUCTIONS, aggregate
+from .ops.elementwise import ELEMENTWISE
 from .ops.facts import is_factory
 from .options import Options
 from .progress import NONE as NO_PROGRESS, CompileProgress
@@ -215,6 +216,8 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
         rows = sum(s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples)
         rest = row.shape[1:] if layout == "cat" else row.shape
         node.meta["rel_info"] = TensorInfo((rows, *rest), row.dtype, row.device)
+        if layout == "cat":
+            shared.row_class[node] = tuple(s.inputs[j].shape[0] for s in samples)
         union_inputs.append(node)
     leaves: list[list[fx.Node]] = []
     offsets = [0] * len(inputs_layout)
@@ -261,6 +264,9 @@ class _Shared:
     nodes: set[fx.Node] = field(default_factory=set)
     #: the key of a row-wise op of a union value (``self.lin(x)`` of the samples' joined ``x``) -> its node
     union_rows: dict[Hashable, fx.Node] = field(default_factory=dict)
+    #: a union value with rows of samples (a joined input, a row-wise op of one) -> its rows' class: values of
+    #: one class have as many rows of each sample, at the same places (so a row-wise op may read several)
+    row_class: dict[fx.Node, Hashable] = field(default_factory=dict)
 
     def attribute(self, graph: fx.Graph, sample: SampleGraph, s: int, target: str, meta: tuple) -> fx.Node:
         """The union's node for sample ``s``'s ``get_attr`` of ``target`` (with ``meta``): a parameter's is
@@ -369,28 +375,35 @@ def _rows_of_op(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
                 rows_of: dict[int, tuple[fx.Node, int, int]], value: Callable[[Any], Any],
                 shared: "_Shared") -> tuple[fx.Node, int, int] | None:
     """``(union value, first row, rows)`` if the record (``op``, ``target``, ``args``, ``kwargs``) is a row-wise op
-    of a sample's rows of a union value (its first argument) and of shared values and constants: its rows of
-    the same op on the union value, which the first sample to make it makes; None otherwise."""
-    if op != "call_function" or not args or type(args[0]) is not _Slot or args[0] not in rows_of:
+    of a sample's rows of union values (of one row class: ``h + self.lin(h)``, ``torch.cat([h, g], 1)``) and of
+    shared values and constants: its rows of the same op on the union values, which the first sample to make
+    it makes; None otherwise."""
+    if op != "call_function":
         return None
     slots: list = []
-    fx.node.map_aggregate((args[1:], kwargs), lambda a: slots.append(a) if type(a) is _Slot else None)
-    if any(a in rows_of for a in slots):
+    fx.node.map_aggregate((args, kwargs), lambda a: slots.append(a) if type(a) is _Slot else None)
+    read = [a for a in slots if a in rows_of]
+    spans = {rows_of[a] for a in read}
+    if not spans or len({span[1:] for span in spans}) > 1 \
+            or len({shared.row_class.get(span[0]) for span in spans}) > 1:
         return None
-    union_value, first, n = rows_of[args[0]]
-    rest, kw = fx.node.map_aggregate((args[1:], kwargs), value)
+    union_value, first, n = next(iter(spans))
+    values = {span[0] for span in spans}
+    new_args, kw = fx.node.map_aggregate((args, kwargs),
+                                         lambda a: rows_of[a][0] if type(a) is _Slot and a in rows_of else value(a))
     inputs: list[fx.Node] = []
-    fx.node.map_arg((rest, kw), inputs.append)
-    if any(a not in shared.nodes for a in inputs):   # (weights, a bias: what every sample reads)
+    fx.node.map_arg((new_args, kw), inputs.append)
+    if any(a not in shared.nodes and a not in values for a in inputs):   # (weights, a bias: what every sample reads)
         return None
     info = dict(meta).get("rel_info")
     whole = tensor_info(union_value)
     if info is None or whole is None or not info.shape or info.shape[0] != n:
         return None
-    made = new_node(graph, op, target, (union_value, *rest), dict(kw))
+    made = new_node(graph, op, target, new_args, dict(kw))
     made.meta.update(meta)
     made.meta["rel_info"] = TensorInfo((whole.shape[0], *info.shape[1:]), info.dtype, info.device)
-    if not row_wise_in(made, union_value):
+    if not (len(read) == 1 and args[0] in rows_of and row_wise_in(made, union_value)
+            or _row_wise_of_aligned(made, values)):
         graph.erase_node(made)
         return None
     key = value_key(made, made.args, made.kwargs)
@@ -400,7 +413,30 @@ def _rows_of_op(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
         return known, first, n
     if key is not None:
         shared.union_rows[key] = made
+    shared.row_class[made] = shared.row_class.get(union_value)
     return made, first, n
+
+
+def _row_wise_of_aligned(made: fx.Node, rows: set[fx.Node]) -> bool:
+    """Whether ``made``, an op of union values of one row class (``rows``) and of shared values, computes each
+    row from the same rows of them: an elementwise op whose row operands have its rank (their dim 0 is the
+    rows) and whose shared operands broadcast along the rows, or a join of rows along a later dim."""
+    out = tensor_info(made)
+    if out is None:
+        return False
+    if made.target in (torch.cat, torch.concat):
+        items, dim = made.args[0], made.args[1] if len(made.args) > 1 else made.kwargs.get("dim", 0)
+        return type(dim) is int and dim % out.rank > 0 and all(item in rows for item in cast(Sequence, items))
+    if made.target is aggregate:   # (``h + self.lin(h)``, made n-ary by the aggregation pass)
+        return all(term in rows for term in cast(Sequence, made.args[0]))
+    if REGISTRY.family_of(made) is not ELEMENTWISE:
+        return False
+    for operand in made.all_input_nodes:
+        info = tensor_info(operand)
+        if info is None or (info.rank != out.rank if operand in rows else
+                            info.rank == out.rank and info.shape[0] != 1):
+            return False
+    return True
 
 
 #: reductions over a tensor's rows that an aggregation of its rows computes, by target
@@ -422,7 +458,13 @@ def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
         return None
     named = dict(zip(("dim", "keepdim"), args[1:]), **kwargs) if len(args) <= 3 else None
     if reduce is None or named is None or set(named) - {"dim", "keepdim"} \
-            or named.get("dim") not in (0, (0,), [0]) or named.get("keepdim", False) not in (True, False):
+            or named.get("dim", "every") not in (0, (0,), [0], "every") \
+            or named.get("keepdim", False) not in (True, False):
+        return None
+    # over every dim: a sum or mean of the rows' sums or means (rows of equal size); a maximum of the rows'
+    # maxima would split the gradient of ties across rows otherwise than eager does
+    every = "dim" not in named
+    if every and (reduce not in ("sum", "mean") or named.get("keepdim")):
         return None
     union_value, first, n = rows_of[args[0]]
     whole, info = tensor_info(union_value), dict(meta).get("rel_info")
@@ -436,10 +478,10 @@ def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
         term.meta.update(source, rel_info=row, **{SAMPLE: s})
         terms.append(term)
     reduced = new_node(graph, "call_function", aggregate, (terms, reduce), {})
-    if not named.get("keepdim"):
+    if not (every or named.get("keepdim")):
         return reduced
     reduced.meta.update(source, rel_info=row, **{SAMPLE: s})
-    return new_node(graph, "call_method", "unsqueeze", (reduced, 0), {})
+    return new_node(graph, "call_method", reduce if every else "unsqueeze", (reduced,) if every else (reduced, 0), {})
 
 
 def _row_read(op: str, target: Any, args: tuple, kwargs: dict,

@@ -315,8 +315,11 @@ def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], th
                   if isinstance(t, torch.Tensor) and t.is_floating_point()] for results in (got, want))
     weights = [torch.randn_like(w) for w in want]
     wrt = list(model.parameters()) + [a for s in inputs for a in s if isinstance(a, torch.Tensor) and a.requires_grad]
-    got_grads = torch.autograd.grad(sum((g * c).sum() for g, c in zip(got, weights)), wrt)
-    want_grads = torch.autograd.grad(sum((w * c).sum() for w, c in zip(want, weights)), wrt)
+    # (a parameter or input that no result reads has a zero gradient on both sides)
+    got_grads = torch.autograd.grad(sum((g * c).sum() for g, c in zip(got, weights)), wrt, allow_unused=True,
+                                    materialize_grads=True)
+    want_grads = torch.autograd.grad(sum((w * c).sum() for w, c in zip(want, weights)), wrt, allow_unused=True,
+                                     materialize_grads=True)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
 

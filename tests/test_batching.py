@@ -524,6 +524,47 @@ def test_a_reduction_over_all_of_a_samples_rows_batches_as_one_segment_reduction
     assert batched.report.union_nodes[1] < 25, batched.report
 
 
+class _RowsOfTwoValues(nn.Module):
+    """Per-graph code over all of a graph's nodes at once, combining two values with a row per node: a layer's
+    output and the node-feature matrix or the per-node targets."""
+
+    def __init__(self, style: str):
+        super().__init__()
+        self.style = style
+        self.a, self.b = nn.Linear(3, 3, dtype=torch.float64), nn.Linear(3, 3, dtype=torch.float64)
+
+    def forward(self, x, y):
+        h = torch.relu(self.a(x))
+        return {"residual": lambda: (h + self.b(h)).sum(0),
+                "gate": lambda: (torch.sigmoid(self.b(x)) * h).mean(0),
+                "joined features": lambda: torch.cat([h, self.b(x)], 1).sum(0),
+                "mask": lambda: (h * (y > 0)).sum(0),
+                "error per node": lambda: ((self.b(h) - y) ** 2).sum(1),
+                "sum of every element": lambda: (self.b(h) * y).sum(),
+                }[self.style]()
+
+
+@pytest.mark.parametrize("style", ["residual", "gate", "joined features", "mask", "error per node",
+                                   "sum of every element"])
+def test_ops_of_several_values_with_a_row_per_node_batch_as_ops_over_all_samples_rows(style):
+    """Values with as many rows of every sample (the joined ``x`` and ``y``, layers of them) combine row by row
+    in one op over all samples' rows; before, each sample read them as a whole and ran alone."""
+    data = [(torch.randn(n, 3, dtype=torch.float64), torch.randn(n, 3, dtype=torch.float64)) for n in (2, 5, 1, 3, 5)]
+    batched = assert_shuffled_batches_match_eager(_RowsOfTwoValues(style), data)
+    assert batched.report.union_nodes[1] < 25, batched.report
+
+
+def test_values_whose_rows_differ_from_sample_to_sample_are_not_combined_row_by_row():
+    """``y`` has one row in some samples (it broadcasts over ``x``'s rows there) and as many as ``x`` in others:
+    no op over all rows computes that, so the samples run one by one, as eager."""
+    model = _RowsOfTwoValues("mask")
+    data = [(torch.randn(n, 3, dtype=torch.float64), torch.randn(1 if n % 2 else n, 3, dtype=torch.float64))
+            for n in (2, 5, 1, 3, 4)]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    assert_batches_match_eager(batched, model, data[::-1], through_union=False)
+    assert batched.report.unbatched > 0
+
 def test_a_result_read_as_a_whole_per_sample_runs_the_samples_one_by_one():
     """Prefix sums over a sample's rows: one op on the union's joined rows would mix the samples."""
     data = dataset("treernn", 10, features=4, dtype=torch.float64)
@@ -763,7 +804,7 @@ def test_a_model_that_mixes_samples_rows_runs_one_by_one_with_the_reason_logged(
             self.lin = nn.Linear(3, 2)
 
         def forward(self, n, x):
-            return self.lin(x.sum(0)) * n   # reads all of its input at once: no row of a group
+            return self.lin(x.cumsum(0)[-1]) * n   # prefix sums down its rows: over all samples', they would mix
 
     model = WholeInput().double()
     batched = dynamo_relational.batch(model)
