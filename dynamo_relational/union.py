@@ -33,6 +33,7 @@ from typing import Any, Callable, Hashable, Sequence, cast
 
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
@@ -46,6 +47,7 @@ from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.aggregate import REDUCTIONS, aggregate
 from .ops.elementwise import ELEMENTWISE
+from .ops.losses import LOSS, loss_call
 from .ops.facts import is_factory
 from .options import Options
 from .progress import NONE as NO_PROGRESS, CompileProgress
@@ -355,6 +357,7 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
                 continue
             # (a name of its own: fx's search for a free one grows with the copies of the same name)
             new = _reduced_rows(graph, op, target, args, kwargs, meta, rows_of, s) or \
+                _loss_of_rows(graph, op, target, args, kwargs, meta, rows_of, value, shared, s) or \
                 new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
         new.meta.update(meta)
         key = shared.key(new) if row is None and i not in results else None
@@ -378,8 +381,8 @@ def _rows_of_op(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
     of a sample's rows of union values (of one row class: ``h + self.lin(h)``, ``torch.cat([h, g], 1)``) and of
     shared values and constants: its rows of the same op on the union values, which the first sample to make
     it makes; None otherwise."""
-    if op != "call_function":
-        return None
+    if op != "call_function" and not (op == "call_method" and isinstance(target, str) and not target.endswith("_")):
+        return None   # (a write would change every sample's rows)
     slots: list = []
     fx.node.map_aggregate((args, kwargs), lambda a: slots.append(a) if type(a) is _Slot else None)
     read = [a for a in slots if a in rows_of]
@@ -424,12 +427,18 @@ def _row_wise_of_aligned(made: fx.Node, rows: set[fx.Node]) -> bool:
     out = tensor_info(made)
     if out is None:
         return False
+    if works_within_rows(made):   # (a softmax or a sum along each row's own dims)
+        return made.all_input_nodes == [made.args[0]] and made.args[0] in rows
     if made.target in (torch.cat, torch.concat):
         items, dim = made.args[0], made.args[1] if len(made.args) > 1 else made.kwargs.get("dim", 0)
         return type(dim) is int and dim % out.rank > 0 and all(item in rows for item in cast(Sequence, items))
     if made.target is aggregate:   # (``h + self.lin(h)``, made n-ary by the aggregation pass)
         return all(term in rows for term in cast(Sequence, made.args[0]))
-    if REGISTRY.family_of(made) is not ELEMENTWISE:
+    family = REGISTRY.family_of(made)
+    if family is LOSS:   # (without reduction: a loss per row, or per element, of its scores and targets)
+        call = loss_call(made)
+        return not isinstance(call, str) and call.reduction == "none" and call.input in rows and call.target in rows
+    if family is not ELEMENTWISE:
         return False
     for operand in made.all_input_nodes:
         info = tensor_info(operand)
@@ -467,9 +476,19 @@ def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
     if every and (reduce not in ("sum", "mean") or named.get("keepdim")):
         return None
     union_value, first, n = rows_of[args[0]]
-    whole, info = tensor_info(union_value), dict(meta).get("rel_info")
-    if n == 0 or whole is None or info is None:
+    if n == 0 or tensor_info(union_value) is None:
         return None
+    reduced = _aggregated_rows(graph, union_value, first, n, reduce, meta, s)
+    if not (every or named.get("keepdim")):
+        return reduced
+    return new_node(graph, "call_method", reduce if every else "unsqueeze", (reduced,) if every else (reduced, 0), {})
+
+
+def _aggregated_rows(graph: fx.Graph, union_value: fx.Node, first: int, n: int, reduce: str, meta: tuple,
+                     s: int) -> fx.Node:
+    """The ``reduce`` aggregation of rows ``first`` to ``first + n`` of ``union_value`` (sample ``s``'s), each
+    row read as per-node code reads ``h[v]``; its metadata is the rows' (``meta``'s source line)."""
+    whole = cast(TensorInfo, tensor_info(union_value))
     row = TensorInfo(whole.shape[1:], whole.dtype, whole.device)
     source = {k: v for k, v in meta if k == "stack_trace"}
     terms = []
@@ -478,10 +497,59 @@ def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
         term.meta.update(source, rel_info=row, **{SAMPLE: s})
         terms.append(term)
     reduced = new_node(graph, "call_function", aggregate, (terms, reduce), {})
-    if not (every or named.get("keepdim")):
-        return reduced
     reduced.meta.update(source, rel_info=row, **{SAMPLE: s})
-    return new_node(graph, "call_method", reduce if every else "unsqueeze", (reduced,) if every else (reduced, 0), {})
+    return reduced
+
+
+def _loss_of_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, meta: tuple,
+                  rows_of: dict[int, tuple[fx.Node, int, int]], value: Callable[[Any], Any], shared: "_Shared",
+                  s: int) -> fx.Node | None:
+    """A loss of a sample's rows of union values (its outputs and per-node targets or labels, of one row class)
+    reduced to its mean or sum (``F.mse_loss(self.out(h), y)``, ``F.cross_entropy(scores, labels)``): the same
+    loss without reduction over all samples' rows, made once, and the aggregation of the sample's rows of it
+    (a class loss's mean divides by the labels that count, ``labels != ignore_index``, as eager's does); None
+    for any other record."""
+    if op != "call_function" or REGISTRY.functions.get(target) is not LOSS:
+        return None
+    reduction = kwargs.get("reduction", "mean")
+    if reduction not in ("mean", "sum") or len(args) > 2 or not all(type(a) is _Slot and a in rows_of for a in args):
+        return None
+    scores, labels = (rows_of[a] for a in args)
+    if scores[1:] != labels[1:] or scores[2] == 0:
+        return None
+    union_scores, first, n = scores
+    scores_info, labels_info = tensor_info(union_scores), tensor_info(labels[0])
+    if scores_info is None or labels_info is None or scores_info.rank == 0:
+        return None
+    classes = target in (F.cross_entropy, F.nll_loss)
+    # (a loss per row of [rows, classes] scores, with a label or class probabilities per row; an elementwise
+    # loss of a target of the input's shape: no broadcasting, so the rows' losses have the input's shape)
+    if (labels_info.shape[1:] != scores_info.shape[1:] and not (classes and labels_info.rank == 1)) \
+            or (classes and scores_info.rank != 2):
+        return None
+    rows_shape = (n,) if classes else (n, *scores_info.shape[1:])
+    per_row = (("rel_info", TensorInfo(rows_shape, scores_info.dtype, scores_info.device)),
+               *((k, v) for k, v in meta if k != "rel_info"))
+    made = _rows_of_op(graph, op, target, args, {**kwargs, "reduction": "none"}, per_row, rows_of, value, shared)
+    if made is None:
+        return None
+    union_losses = made[0]
+    if not (classes and reduction == "mean" and not labels_info.dtype.is_floating_point):
+        reduced = _aggregated_rows(graph, union_losses, first, n, reduction, meta, s)
+        return new_node(graph, "call_method", reduction, (reduced,), {}) if len(rows_shape) > 1 else reduced
+    # (index labels: eager's mean divides by the labels that are not ignore_index)
+    ignored = kwargs.get("ignore_index", -100)
+    key = ("labels that count", labels[0], ignored, scores_info.dtype)
+    counts = shared.union_rows.get(key)
+    if counts is None:
+        kept = new_node(graph, "call_function", operator.ne, (labels[0], ignored), {})
+        kept.meta["rel_info"] = TensorInfo(labels_info.shape, torch.bool, scores_info.device)
+        counts = shared.union_rows[key] = new_node(graph, "call_method", "to", (kept, scores_info.dtype), {})
+        counts.meta["rel_info"] = TensorInfo(labels_info.shape, scores_info.dtype, scores_info.device)
+        shared.row_class[counts] = shared.row_class.get(labels[0])
+    total = _aggregated_rows(graph, union_losses, first, n, "sum", meta, s)
+    counted = _aggregated_rows(graph, counts, first, n, "sum", meta, s)
+    return new_node(graph, "call_function", operator.truediv, (total, counted), {})
 
 
 def _row_read(op: str, target: Any, args: tuple, kwargs: dict,

@@ -554,6 +554,51 @@ def test_ops_of_several_values_with_a_row_per_node_batch_as_ops_over_all_samples
     assert batched.report.union_nodes[1] < 25, batched.report
 
 
+class _GraphLoss(nn.Module):
+    """Per-graph code that computes its loss in ``forward``, from a layer over all of the graph's nodes and the
+    nodes' targets ``y`` (``[nodes, 4]``) or labels (some ``-100``, which the class losses ignore)."""
+
+    def __init__(self, style: str):
+        super().__init__()
+        self.style = style
+        self.lin = nn.Linear(3, 4, dtype=torch.float64)
+
+    def forward(self, x, y, labels):
+        h = self.lin(x)
+        return {"mse": lambda: F.mse_loss(h, y),
+                "mse, summed": lambda: F.mse_loss(h, y, reduction="sum"),
+                "l1 of tanh": lambda: F.l1_loss(torch.tanh(h), y),
+                "binary": lambda: F.binary_cross_entropy_with_logits(h, (y > 0).double()),
+                "cross entropy": lambda: F.cross_entropy(h, labels),
+                "cross entropy, summed": lambda: F.cross_entropy(h, labels, reduction="sum"),
+                "label smoothing": lambda: F.cross_entropy(h, labels, label_smoothing=0.1),
+                "nll of log_softmax": lambda: F.nll_loss(F.log_softmax(h, 1), labels),
+                "class probabilities": lambda: F.cross_entropy(h, torch.softmax(y, 1)),
+                "broadcast target": lambda: F.mse_loss(h[:, :1], y),
+                }[self.style]()
+
+
+@pytest.mark.parametrize("style", ["mse", "mse, summed", "l1 of tanh", "binary", "cross entropy",
+                                   "cross entropy, summed", "label smoothing", "nll of log_softmax",
+                                   "class probabilities"])
+def test_a_loss_over_all_of_a_samples_nodes_batches_as_one_loss_over_all_samples_rows(style):
+    """The loss without reduction over all samples' rows, each sample's mean or sum aggregated from its rows (a
+    class loss's mean divided by its labels that count); before, each sample ran alone."""
+    data = [(torch.randn(n, 3, dtype=torch.float64), torch.randn(n, 4, dtype=torch.float64),
+             torch.tensor([-100 if (i + n) % 4 == 0 else i % 4 for i in range(n)])) for n in (2, 5, 1, 3, 5)]
+    batched = assert_shuffled_batches_match_eager(_GraphLoss(style), data)
+    assert batched.report.union_nodes[1] < 30, batched.report
+
+
+def test_a_loss_whose_target_broadcasts_over_the_input_still_matches_eager():
+    data = [(torch.randn(n, 3, dtype=torch.float64), torch.randn(n, 4, dtype=torch.float64),
+             torch.zeros(n, dtype=torch.long)) for n in (2, 5, 3)]
+    model = _GraphLoss("broadcast target")
+    batched = dynamo_relational.batch(model, progress=False)
+    with pytest.warns(UserWarning, match="target size"):   # (eager's own warning)
+        assert_batches_match_eager(batched, model, data, through_union=False)
+        assert_batches_match_eager(batched, model, data[::-1], through_union=False)
+
 def test_values_whose_rows_differ_from_sample_to_sample_are_not_combined_row_by_row():
     """``y`` has one row in some samples (it broadcasts over ``x``'s rows there) and as many as ``x`` in others:
     no op over all rows computes that, so the samples run one by one, as eager."""
