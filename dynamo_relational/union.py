@@ -387,8 +387,8 @@ def _rows_of_op(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
     fx.node.map_aggregate((args, kwargs), lambda a: slots.append(a) if type(a) is _Slot else None)
     read = [a for a in slots if a in rows_of]
     spans = {rows_of[a] for a in read}
-    if not spans or len({span[1:] for span in spans}) > 1 \
-            or len({shared.row_class.get(span[0]) for span in spans}) > 1:
+    classes = {shared.row_class.get(span[0]) for span in spans}
+    if not spans or len({span[1:] for span in spans}) > 1 or len(classes) > 1 or None in classes:
         return None
     union_value, first, n = next(iter(spans))
     values = {span[0] for span in spans}
