@@ -74,7 +74,7 @@ from .row_plan import Batch, Refused, RowPlan, analyse
 from .tracer import gc_paused
 from .tracing import trace
 from .tracing_patches import patches_when_needed
-from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare, run_passes
+from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, index_inputs, prepare, run_passes
 
 log = logging.getLogger("dynamo_relational")
 
@@ -454,7 +454,7 @@ class BatchedModule(nn.Module):
         call = _SampleCall(self.model, sample, inputs)
         names = [f"arg{j}" for j in range(len(tensors))]
         try:
-            traced = trace(call, tensors, names, live=True)
+            traced = trace(call, tensors, names, live=True, check=_edge_lists_by_value)
         except DataDependenceError as e:   # a read of integer tensors of the sample: structure, not inputs
             read = [int(name.removeprefix("arg")) for name in e.inputs]
             paths = {inputs.paths[k] for k in read if _is_index(tensors[k])}
@@ -677,6 +677,16 @@ def _grouped(union, options: Options, progress: CompileProgress) -> tuple[fx.Gra
     if ctx.keep_order:
         raise NotBatchable(f"the union keeps its order: {ctx.keep_order[0]}")
     return union, ctx.stats, ctx.ungrouped
+
+
+def _edge_lists_by_value(graph: fx.Graph) -> None:
+    """Refuse a trace whose integer tensor arguments index the sample's own rows (``h[src]``,
+    ``z.index_add(0, dst, m)``: :func:`~dynamo_relational.union.index_inputs`), as a read of their values: they
+    are the sample's structure, which the union reads row by row (``passes/constant_indices.py``)."""
+    found = index_inputs(graph)
+    if found:
+        raise DataDependenceError("forward", "integer tensors index the rows of the sample's values",
+                                  tuple(str(p.target) for p in found))
 
 
 def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence, cast
+from typing import Any, Callable, Sequence, cast
 
 import torch
 import torch.fx as fx
@@ -46,11 +46,13 @@ class Trace:
 
 
 def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
-          progress: CompileProgress = NO_PROGRESS, live: bool = False) -> Trace:
+          progress: CompileProgress = NO_PROGRESS, live: bool = False,
+          check: Callable[[fx.Graph], None] | None = None) -> Trace:
     """``model`` called on ``inputs`` (placeholders named ``names``), recorded as an ungrouped graph whose
     nodes carry their shapes (``meta["rel_info"]``); see :mod:`dynamo_relational.frontend` for the contract.
     ``live`` (with gradients on) records the call itself, as it runs (:func:`_recorded`): the trace also is the
-    call, :attr:`Trace.result`."""
+    call, :attr:`Trace.result`. ``check(graph)`` may refuse the graph by raising: the trace then fails as one
+    that raised, changing nothing."""
     start = time.perf_counter()
     refuse_unrecorded_hooks(model)
     names = [n.replace("[", "_").replace("]", "") for n in names]
@@ -70,6 +72,8 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
             else:
                 tracer, result = _traced(model, inputs, names, progress, generators, attributes), None
         _refuse_changes_to_the_model(model, attributes, objects, before)
+        if check is not None:
+            check(tracer.graph)
     except BaseException:   # (a failed trace changes nothing: a batch may trace the sample again)
         _put_back(changeable)
         set_generator_states(generators)

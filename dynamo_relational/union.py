@@ -122,6 +122,52 @@ def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[in
     return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, read_whole)
 
 
+#: calls that read rows of their first operand by an index tensor, and that tensor's position
+_INDEXED_READS: dict[tuple[str, Any], int] = {
+    (op, name): 2 for name in ("index_select", "index_add", "index_copy", "index_fill", "gather", "scatter",
+                               "scatter_add", "scatter_reduce", "index_reduce")
+    for op in ("call_method", "call_function")}
+#: calls whose result holds values of their first operand as they are (an edge list's row, ``src, dst = edges``)
+_VALUE_VIEWS = frozenset(("t", "view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous", "unbind",
+                          "select", "long", "clone"))
+
+
+def index_inputs(graph: fx.Graph) -> list[fx.Node]:
+    """The integer tensor arguments of a sample's traced ``graph`` whose values index rows of the sample's own
+    values (``h[src]``, ``h.index_select(0, src)``, ``z.index_add(0, dst, m)``, ``src, dst = edge_index``):
+    per-graph code's edge lists, which are the sample's structure (an embedding's token ids index a shared
+    table: those stay inputs)."""
+    placeholders = graph.find_nodes(op="placeholder")
+    of_sample = set(placeholders)   # values computed from the sample's tensors
+    origin = {p: p for p in placeholders if (info := tensor_info(p)) is not None
+              and not (info.dtype.is_floating_point or info.dtype.is_complex or info.dtype == torch.bool)}
+    found: dict[fx.Node, None] = {}
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        if any(a in of_sample for a in node.all_input_nodes):
+            of_sample.add(node)
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+        args = node.args
+        if args and args[0] in origin and (name in _VALUE_VIEWS or (node.target is operator.getitem
+                                                                      and not _flat_nodes(args[1:]))):
+            origin[node] = origin[args[0]]
+        if node.target is operator.getitem and len(args) == 2:
+            indices = [a for a in _flat_nodes(args[1:]) if a in origin]
+        else:
+            at = _INDEXED_READS.get((node.op, name))
+            indices = [args[at]] if at is not None and len(args) > at and args[at] in origin else []
+        if indices and args[0] in of_sample:
+            found.update(dict.fromkeys(origin[i] for i in indices))
+    return list(found)
+
+
+def _flat_nodes(value: Any) -> list[fx.Node]:
+    nodes: list[fx.Node] = []
+    fx.node.map_arg(value, nodes.append)
+    return nodes
+
+
 def _read_whole(graph: fx.Graph) -> tuple[bool, ...]:
     """Which tensor arguments of a sample's ``graph`` are read otherwise than row by row (``x[v]``: the reads
     :func:`_row_read` makes reads of the union's input)."""
@@ -432,6 +478,9 @@ def _row_wise_of_aligned(made: fx.Node, rows: set[fx.Node]) -> bool:
     if made.target in (torch.cat, torch.concat):
         items, dim = made.args[0], made.args[1] if len(made.args) > 1 else made.kwargs.get("dim", 0)
         return type(dim) is int and dim % out.rank > 0 and all(item in rows for item in cast(Sequence, items))
+    if made.target is F.embedding:   # (each row's ids looked up in a shared table)
+        return made.all_input_nodes[0] is made.args[0] and made.args[0] in rows \
+            and all(a not in rows for a in made.all_input_nodes[1:])
     if made.target is aggregate:   # (``h + self.lin(h)``, made n-ary by the aggregation pass)
         return all(term in rows for term in cast(Sequence, made.args[0]))
     family = REGISTRY.family_of(made)

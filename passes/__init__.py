@@ -15,11 +15,11 @@ from typing import Callable
 
 import torch.fx as fx
 
-from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, cse, distinct_outputs,
-               fold_bias, fuse_linear, grouping, hoist_gathers, inplace, linear_layout, lstm_cells, merge_gathers,
-               mode_regions, padded_gathers, pair_sums, plain_factories, postpone_gathers, ragged_rows,
-               recompute_gathers, rewrite_search, row_picks, row_writes, segment_provider, simplify_gathers,
-               split_views, values_indices, vectorize)
+from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, constant_indices, cse,
+               distinct_outputs, fold_bias, fuse_linear, grouping, hoist_gathers, inplace, linear_layout, lstm_cells,
+               merge_gathers, mode_regions, padded_gathers, pair_sums, plain_factories, postpone_gathers,
+               ragged_rows, recompute_gathers, rewrite_search, row_picks, row_writes, segment_provider,
+               simplify_gathers, split_views, values_indices, vectorize)
 from .context import PassContext
 
 
@@ -51,6 +51,9 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("row_writes", row_writes.run, "out = zeros(n, d); out[i] = h_i; out[i] += m  ->  stack of rows"),
     Pass("inplace", inplace.run, "acc += t  ->  acc + t; find the in-place ops that remain", ("row_writes",)),
     Pass("plain_factories", plain_factories.run, "x.new_zeros(n, d) -> torch.zeros(n, d, dtype=x.dtype, ...)",
+         ("inplace",)),
+    Pass("constant_indices", constant_indices.run,
+         "h[src], z.index_add(0, dst, m) by a sample's constant indices -> stacks of rows and of their sums",
          ("inplace",)),
     Pass("mode_regions", mode_regions.run,
          "no_grad blocks -> detached values; other mode switches keep the order", ("inplace",)),

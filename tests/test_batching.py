@@ -524,6 +524,68 @@ def test_a_reduction_over_all_of_a_samples_rows_batches_as_one_segment_reduction
     assert batched.report.union_nodes[1] < 25, batched.report
 
 
+class _EdgeIndexGCN(nn.Module):
+    """Per-graph message passing written with tensor ops over an edge list: ``edge_index`` ``[2, E]`` (or
+    ``edges`` ``[E, 2]``), ``h[src]`` or ``h.index_select(0, src)``, and ``index_add`` into the targets."""
+
+    def __init__(self, style: str):
+        super().__init__()
+        self.style = style
+        self.lin, self.msg = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x, edges):
+        src, dst = (edges[:, 0], edges[:, 1]) if self.style == "[E, 2]" else edges
+        h = self.lin(x)
+        m = self.msg(h.index_select(0, src) if self.style == "index_select" else h[src])
+        out = torch.zeros_like(h).index_add(0, dst, m) if self.style != "onto h" else h.index_add(0, dst, m)
+        return torch.relu(out).mean(0)
+
+
+def _edge_list_graphs(style: str, sizes=(3, 4, 2, 5, 3, 4)) -> list[tuple]:
+    generator = torch.Generator().manual_seed(len(sizes))
+    graphs = []
+    for n in sizes:
+        edges = torch.randint(0, n, (2, n + 1), generator=generator)
+        graphs.append((torch.randn(n, 3, dtype=torch.float64, generator=generator),
+                       edges.t().contiguous() if style == "[E, 2]" else edges))
+    return graphs
+
+
+@pytest.mark.parametrize("style", ["h[src]", "index_select", "[E, 2]", "onto h"])
+def test_per_graph_code_over_an_edge_index_tensor_batches_its_edges_as_structure(style):
+    """The integer tensor that indexes the graph's own rows is its structure (read by value); the reads and
+    sums by it become per-edge reads and per-node sums, which group across graphs of any size."""
+    batched = assert_shuffled_batches_match_eager(_EdgeIndexGCN(style), _edge_list_graphs(style))
+    assert batched.report.union_nodes[1] < 40, batched.report
+
+
+def test_graphs_of_one_shape_with_other_edges_are_other_structures():
+    """Two graphs of the same sizes whose edges differ never share a trace: each runs with its own edges."""
+    model = _EdgeIndexGCN("h[src]")
+    x = torch.randn(4, 3, dtype=torch.float64)
+    graphs = [(x, torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]])), (x, torch.tensor([[3, 2, 1, 0], [0, 0, 0, 0]]))]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, graphs, through_union=False)
+    assert_batches_match_eager(batched, model, graphs[::-1])
+    assert batched.report.structures == 2, batched.report
+
+
+def test_token_ids_that_index_a_shared_table_stay_inputs():
+    class Bag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(10, 3, dtype=torch.float64)
+
+        def forward(self, tokens):
+            return self.embedding(tokens).sum(0)
+
+    model = Bag()
+    bags = [(torch.tensor(tokens),) for tokens in ([1, 2, 3], [4, 5, 6], [7, 8], [9, 0])]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, bags, through_union=False)
+    assert_batches_match_eager(batched, model, bags[::-1])
+    assert batched.report.structures == 2, batched.report   # (one per length: the ids are values)
+
 class _RowsOfTwoValues(nn.Module):
     """Per-graph code over all of a graph's nodes at once, combining two values with a row per node: a layer's
     output and the node-feature matrix or the per-node targets."""

@@ -1,0 +1,139 @@
+"""Rows read and summed by a constant index tensor become reads and sums of single rows, in a sample of a union.
+
+Per-graph code written with tensor ops reads the rows of its edges' sources
+and sums them into their targets by index tensors: ``h[src]`` (or
+``h.index_select(0, src)``) and ``z.index_add(0, dst, m)``. Where those
+indices are a sample's structure (``dynamo_relational.batch`` reads them by
+value: each trace holds them as constants), this pass writes the same reads
+and sums as per-node code does::
+
+    h[src]                   ->  torch.stack([h[src[0]], ..., h[src[E - 1]]])
+    z.index_add(0, dst, m)   ->  torch.stack([z[r] + m[e_1] + ... + m[e_k]  for each row r])   (dst[e_j] == r)
+
+Their reads of single rows and their sums then group across the samples of
+a union as per-node code does, whatever the samples' sizes: the graph's rows
+and edges are no longer one tensor per sample.
+
+Legal because both compute the same values: a read by index is the stack of
+the rows read, and ``index_add`` adds each row of ``m`` into the row of ``z``
+its index names (``alpha`` 1). Only 1-d integer constants read along dim 0,
+with every index within the rows, are rewritten; only in a sample's trace
+(``ctx.in_union``), where the union needs them per row.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, cast
+
+import torch
+import torch.fx as fx
+
+from dynamo_relational.nodes import meta_without_value, new_node
+from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops.aggregate import aggregate
+
+from .context import PassContext
+
+
+def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
+    if not ctx.in_union:
+        return gm
+    rewritten = 0
+    graph = gm.graph
+    for node in list(graph.nodes):
+        read, added = _read_by_index(gm, node), _index_add(gm, node)
+        if read is None and added is None:
+            continue
+        meta = meta_without_value(node)
+        with graph.inserting_before(node):
+            if read is not None:
+                x, index = read
+                rows = [_row(graph, meta, x, r) for r in index.tolist()]
+            else:
+                z, index, m = cast(tuple, added)
+                info = cast(TensorInfo, tensor_info(z))
+                zeros = _zeros(z)   # (a row of a zeros tensor adds nothing: not read, not a read of ``like``)
+                terms: list[list[fx.Node]] = [[] if zeros else [_row(graph, meta, z, r)] for r in range(info.shape[0])]
+                for e, r in enumerate(index.tolist()):
+                    terms[r].append(_row(graph, meta, m, e))
+                row = TensorInfo(info.shape[1:], info.dtype, info.device)
+                rows = []
+                for row_terms in terms:
+                    rows.append(new_node(graph, "call_function", aggregate, (row_terms, "sum"), {}) if row_terms else
+                                new_node(graph, "call_function", torch.zeros, (row.shape,),
+                                         {"dtype": row.dtype, "device": row.device}))
+                    rows[-1].meta.update(meta, rel_info=row)
+            stacked = new_node(graph, "call_function", torch.stack, (rows,), {})
+        stacked.meta.update(meta, rel_info=tensor_info(node))
+        node.replace_all_uses_with(stacked)
+        graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.eliminate_dead_code()
+    ctx.stats["constant_indices"] = rewritten
+    return gm
+
+
+def _read_by_index(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Tensor] | None:
+    """``(x, index)`` where ``node`` is ``x[index]``, ``x.index_select(0, index)`` or ``torch.index_select(x, 0,
+    index)`` of a constant index tensor (:func:`_constant_index`) within ``x``'s rows."""
+    args = node.args
+    if node.op == "call_function" and node.target is operator.getitem and len(args) == 2 and not node.kwargs:
+        x, index = args
+    elif _is(node, "index_select") and len(args) == 3 and args[1] == 0 and not node.kwargs:
+        x, _, index = args
+    else:
+        return None
+    value = _constant_index(gm, index, x)
+    return None if value is None else (x, value)
+
+
+def _index_add(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Tensor, fx.Node] | None:
+    """``(z, index, m)`` where ``node`` is ``z.index_add(0, index, m)`` (or ``torch.index_add``) of a constant
+    index tensor within ``z``'s rows, one index per row of ``m``."""
+    if not _is(node, "index_add") or len(node.args) != 4 or node.kwargs or node.args[1] != 0:
+        return None
+    z, _, index, m = node.args
+    value = _constant_index(gm, index, z)
+    m_info, z_info = tensor_info(m), tensor_info(z)
+    if value is None or m_info is None or z_info is None or m_info.shape != (len(value), *z_info.shape[1:]) \
+            or m_info.dtype != z_info.dtype:
+        return None
+    return z, value, m
+
+
+def _constant_index(gm: fx.GraphModule, index: Any, x: Any) -> torch.Tensor | None:
+    """The values of ``index``, a get_attr of a non-empty 1-d integer tensor whose values all name rows of
+    ``x`` (negative ones counted from the end, as indexing does), as non-negative row numbers; else None."""
+    info = tensor_info(x)
+    if not isinstance(index, fx.Node) or index.op != "get_attr" or info is None or info.rank == 0:
+        return None
+    value: Any = gm
+    for part in str(index.target).split("."):
+        value = getattr(value, part, None)
+    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.numel() == 0 \
+            or value.dtype not in (torch.int64, torch.int32):
+        return None
+    rows = info.shape[0]
+    if bool(((value < -rows) | (value >= rows)).any()):
+        return None   # (eager raises: left as it is, to raise the same)
+    return value.remainder(rows).cpu()
+
+
+def _zeros(z: fx.Node) -> bool:
+    """Whether ``z`` is a new tensor of zeros (``torch.zeros(n, d)``, ``torch.zeros_like(h)``)."""
+    return z.op == "call_function" and z.target in (torch.zeros, torch.zeros_like) \
+        and set(z.kwargs) <= {"dtype", "device", "layout"} and (z.target is torch.zeros or len(z.args) == 1)
+
+
+def _is(node: fx.Node, name: str) -> bool:
+    return (node.op == "call_method" and node.target == name) or \
+        (node.op == "call_function" and node.target is getattr(torch, name))
+
+
+def _row(graph: fx.Graph, meta: dict, x: fx.Node, r: int) -> fx.Node:
+    """Row ``r`` of ``x``, read at the graph's insert point (``meta``: the rewritten node's source line)."""
+    info = cast(TensorInfo, tensor_info(x))
+    row = new_node(graph, "call_function", operator.getitem, (x, r), {})
+    row.meta.update(meta, rel_info=TensorInfo(info.shape[1:], info.dtype, info.device))
+    return row
