@@ -49,11 +49,10 @@ _VECTORIZED = ("vectorize",)
 #: the passes in the order the backend runs them
 PIPELINE: tuple[Pass, ...] = (
     Pass("row_writes", row_writes.run, "out = zeros(n, d); out[i] = h_i; out[i] += m  ->  stack of rows"),
+    Pass("constant_indices", constant_indices.run,
+         "h[src], z.index_add(0, dst, m) by a sample's constant indices -> stacks of rows and of their sums"),
     Pass("inplace", inplace.run, "acc += t  ->  acc + t; find the in-place ops that remain", ("row_writes",)),
     Pass("plain_factories", plain_factories.run, "x.new_zeros(n, d) -> torch.zeros(n, d, dtype=x.dtype, ...)",
-         ("inplace",)),
-    Pass("constant_indices", constant_indices.run,
-         "h[src], z.index_add(0, dst, m) by a sample's constant indices -> stacks of rows and of their sums",
          ("inplace",)),
     Pass("mode_regions", mode_regions.run,
          "no_grad blocks -> detached values; other mode switches keep the order", ("inplace",)),

@@ -10,15 +10,23 @@ and sums as per-node code does::
     h[src]                   ->  torch.stack([h[src[0]], ..., h[src[E - 1]]])
     z.index_add(0, dst, m)   ->  torch.stack([z[r] + m[e_1] + ... + m[e_k]  for each row r])   (dst[e_j] == r)
 
+and so are ``z.scatter_add(0, dst.view(-1, 1).expand_as(m), m)`` (PyTorch
+Geometric's sum of messages) and the in-place forms of both into a new
+tensor of zeros that nothing else reads (``m.new_zeros(n, d).scatter_add_(...)``),
+whose rows without an index are zeros.
+
 Their reads of single rows and their sums then group across the samples of
 a union as per-node code does, whatever the samples' sizes: the graph's rows
 and edges are no longer one tensor per sample.
 
 Legal because both compute the same values: a read by index is the stack of
 the rows read, and ``index_add`` adds each row of ``m`` into the row of ``z``
-its index names (``alpha`` 1). Only 1-d integer constants read along dim 0,
-with every index within the rows, are rewritten; only in a sample's trace
-(``ctx.in_union``), where the union needs them per row.
+its index names (``alpha`` 1), as ``scatter_add`` does with an index that
+repeats one index along each row. Only 1-d integer constants read along dim
+0, with every index within the rows, are rewritten (and their ``[E, 1]``
+columns expanded along the rows); only in a sample's trace
+(``ctx.in_union``), where the union needs them per row; it runs before the
+in-place rewrites, which keep the order of an in-place scatter.
 """
 from __future__ import annotations
 
@@ -80,7 +88,7 @@ def _read_by_index(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Te
     args = node.args
     if node.op == "call_function" and node.target is operator.getitem and len(args) == 2 and not node.kwargs:
         x, index = args
-    elif _is(node, "index_select") and len(args) == 3 and args[1] == 0 and not node.kwargs:
+    elif _is(node, "index_select") and len(args) == 3 and _dim0(args[1], args[0]) and not node.kwargs:
         x, _, index = args
     else:
         return None
@@ -89,12 +97,19 @@ def _read_by_index(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Te
 
 
 def _index_add(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Tensor, fx.Node] | None:
-    """``(z, index, m)`` where ``node`` is ``z.index_add(0, index, m)`` (or ``torch.index_add``) of a constant
-    index tensor within ``z``'s rows, one index per row of ``m``."""
-    if not _is(node, "index_add") or len(node.args) != 4 or node.kwargs or node.args[1] != 0:
+    """``(z, index, m)`` where ``node`` is ``z.index_add(0, index, m)`` (or ``torch.index_add``, or
+    ``scatter_add`` by an index column expanded along the rows of ``m``; or either in place into a new tensor of
+    zeros that nothing else reads) of a constant index tensor within ``z``'s rows, one index per row of
+    ``m``."""
+    in_place = (node.op == "call_method" and node.target in ("index_add_", "scatter_add_"))
+    if not (in_place or _is(node, "index_add") or _is(node, "scatter_add")) or len(node.args) != 4 \
+            or node.kwargs or not _dim0(node.args[1], node.args[0]):
         return None
     z, _, index, m = node.args
-    value = _constant_index(gm, index, z)
+    if in_place and not (isinstance(z, fx.Node) and _zeros(z) and list(z.users) == [node]):
+        return None
+    scatter = str(node.target).startswith("scatter") or node.target is torch.scatter_add
+    value = _column(gm, index, m, z) if scatter else _constant_index(gm, index, z)
     m_info, z_info = tensor_info(m), tensor_info(z)
     if value is None or m_info is None or z_info is None or m_info.shape != (len(value), *z_info.shape[1:]) \
             or m_info.dtype != z_info.dtype:
@@ -102,15 +117,16 @@ def _index_add(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Tensor
     return z, value, m
 
 
-def _constant_index(gm: fx.GraphModule, index: Any, x: Any) -> torch.Tensor | None:
-    """The values of ``index``, a get_attr of a non-empty 1-d integer tensor whose values all name rows of
-    ``x`` (negative ones counted from the end, as indexing does), as non-negative row numbers; else None."""
+def _constant_index(gm: fx.GraphModule, index: Any, x: Any, value: torch.Tensor | None = None
+                    ) -> torch.Tensor | None:
+    """The values of ``index``, a get_attr of a non-empty 1-d integer tensor (or its ``value``) whose values all
+    name rows of ``x`` (negative ones counted from the end, as indexing does), as non-negative row numbers;
+    else None."""
     info = tensor_info(x)
-    if not isinstance(index, fx.Node) or index.op != "get_attr" or info is None or info.rank == 0:
+    if value is None:
+        value = _attribute(gm, index)
+    if value is None or info is None or info.rank == 0:
         return None
-    value: Any = gm
-    for part in str(index.target).split("."):
-        value = getattr(value, part, None)
     if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.numel() == 0 \
             or value.dtype not in (torch.int64, torch.int32):
         return None
@@ -120,10 +136,49 @@ def _constant_index(gm: fx.GraphModule, index: Any, x: Any) -> torch.Tensor | No
     return value.remainder(rows).cpu()
 
 
+def _column(gm: fx.GraphModule, index: Any, m: Any, z: Any) -> torch.Tensor | None:
+    """The values of a scatter's ``index`` that repeats one constant index along each row of ``m``
+    (``dst.view(-1, 1).expand_as(m)``, or a 1-d ``dst`` for a 1-d ``m``), as :func:`_constant_index` gives
+    them; else None."""
+    m_info = tensor_info(m)
+    if not isinstance(index, fx.Node) or m_info is None:
+        return None
+    if m_info.rank == 1:
+        return _constant_index(gm, index, z)
+    if index.op != "call_method" or index.target not in ("expand_as", "expand") or not index.args:
+        return None
+    column, info = index.args[0], tensor_info(index)
+    column_info = tensor_info(column)
+    if info is None or info.shape != m_info.shape or column_info is None \
+            or column_info.shape != (m_info.shape[0],) + (1,) * (m_info.rank - 1):
+        return None
+    value = _attribute(gm, column)
+    return None if value is None else _constant_index(gm, index.args[0], z, value.reshape(-1))
+
+
+def _dim0(dim: Any, x: Any) -> bool:
+    info = tensor_info(x)
+    return type(dim) is int and info is not None and info.rank > 0 and dim % info.rank == 0
+
+
 def _zeros(z: fx.Node) -> bool:
-    """Whether ``z`` is a new tensor of zeros (``torch.zeros(n, d)``, ``torch.zeros_like(h)``)."""
-    return z.op == "call_function" and z.target in (torch.zeros, torch.zeros_like) \
-        and set(z.kwargs) <= {"dtype", "device", "layout"} and (z.target is torch.zeros or len(z.args) == 1)
+    """Whether ``z`` is a new tensor of zeros (``torch.zeros(n, d)``, ``torch.zeros_like(h)``,
+    ``h.new_zeros(n, d)``)."""
+    if not set(z.kwargs) <= {"dtype", "device", "layout"}:
+        return False
+    return (z.op == "call_function" and (z.target is torch.zeros or (z.target is torch.zeros_like
+                                                                     and len(z.args) == 1))) \
+        or (z.op == "call_method" and z.target == "new_zeros")
+
+
+def _attribute(gm: fx.GraphModule, node: Any) -> torch.Tensor | None:
+    """The tensor of ``node`` where it is a get_attr of one, else None."""
+    if not isinstance(node, fx.Node) or node.op != "get_attr":
+        return None
+    value: Any = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _is(node: fx.Node, name: str) -> bool:

@@ -559,6 +559,26 @@ def test_per_graph_code_over_an_edge_index_tensor_batches_its_edges_as_structure
     assert batched.report.union_nodes[1] < 40, batched.report
 
 
+@pytest.mark.parametrize("layer", ["GraphConv", "GINConv", "GCNConv"])
+def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
+    """A PyG layer called on one ``Data`` (``index_select`` by the edges' sources, ``scatter_add_`` of the
+    messages into a new tensor of zeros, GCN's normalization computed from the edges alone)."""
+    pyg = pytest.importorskip("torch_geometric")
+    from torch_geometric.data import Data
+
+    class OneGraph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = {"GraphConv": lambda: pyg.nn.GraphConv(3, 4), "GCNConv": lambda: pyg.nn.GCNConv(3, 4),
+                         "GINConv": lambda: pyg.nn.GINConv(nn.Linear(3, 4))}[layer]()
+
+        def forward(self, data):
+            return torch.relu(self.conv(data.x, data.edge_index)).mean(0)
+
+    graphs = [(Data(x=x, edge_index=edges),) for x, edges in _edge_list_graphs("h[src]")]
+    batched = assert_shuffled_batches_match_eager(OneGraph().double(), graphs)
+    assert batched.report.union_nodes[1] < 60, batched.report
+
 def test_graphs_of_one_shape_with_other_edges_are_other_structures():
     """Two graphs of the same sizes whose edges differ never share a trace: each runs with its own edges."""
     model = _EdgeIndexGCN("h[src]")
