@@ -19,7 +19,7 @@ epoch, so that each system's steps run after its own, as in a training loop:
 * ``by hand`` (the TreeLSTMs): :func:`level_batched_tree_lstm`, the same cell
   written for a whole batch, every node of one height at once, as DGL-style
   hand-batched code does: the bar a compiler that batches for the user should reach;
-* ``PyG`` (molecule GCN and GIN): :func:`pyg_molecules`, the same model written
+* ``PyG`` (molecule GCNs and GIN): :func:`pyg_molecules`, the same model written
   with PyTorch Geometric, its batches collated from ``Data`` objects as PyG's
   ``DataLoader`` does.
 
@@ -158,7 +158,7 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     if kind in ("treelstm", "childsum"):
         by_hand = copy.deepcopy(eager)
         systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, batch))
-    if kind in ("gcn", "gin"):
+    if kind in ("gcn", "gcn_edges", "gin"):
         pyg = copy.deepcopy(eager)
         systems["PyG"] = (pyg, pyg_molecules(pyg, data))
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, (m, _) in systems.items()}

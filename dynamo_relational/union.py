@@ -149,15 +149,17 @@ def index_inputs(graph: fx.Graph) -> list[fx.Node]:
             of_sample.add(node)
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
         args = node.args
-        if args and args[0] in origin and (name in _VALUE_VIEWS or (node.target is operator.getitem
-                                                                      and not _flat_nodes(args[1:]))):
-            origin[node] = origin[args[0]]
+        first = args[0] if args and isinstance(args[0], fx.Node) else None
+        if first in origin and (name in _VALUE_VIEWS or (node.target is operator.getitem
+                                                         and not _flat_nodes(args[1:]))):
+            origin[node] = origin[first]
         if node.target is operator.getitem and len(args) == 2:
             indices = [a for a in _flat_nodes(args[1:]) if a in origin]
         else:
             at = _INDEXED_READS.get((node.op, name))
-            indices = [args[at]] if at is not None and len(args) > at and args[at] in origin else []
-        if indices and args[0] in of_sample:
+            index = args[at] if at is not None and len(args) > at else None
+            indices = [index] if isinstance(index, fx.Node) and index in origin else []
+        if indices and first in of_sample:
             found.update(dict.fromkeys(origin[i] for i in indices))
     return list(found)
 
@@ -558,10 +560,13 @@ def _loss_of_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
     loss without reduction over all samples' rows, made once, and the aggregation of the sample's rows of it
     (a class loss's mean divides by the labels that count, ``labels != ignore_index``, as eager's does); None
     for any other record."""
-    if op != "call_function" or REGISTRY.functions.get(target) is not LOSS:
+    try:
+        if op != "call_function" or REGISTRY.functions.get(target) is not LOSS:
+            return None
+    except TypeError:   # (an unhashable target)
         return None
     reduction = kwargs.get("reduction", "mean")
-    if reduction not in ("mean", "sum") or len(args) > 2 or not all(type(a) is _Slot and a in rows_of for a in args):
+    if reduction not in ("mean", "sum") or len(args) != 2 or not all(type(a) is _Slot and a in rows_of for a in args):
         return None
     scores, labels = (rows_of[a] for a in args)
     if scores[1:] != labels[1:] or scores[2] == 0:

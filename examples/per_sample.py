@@ -1,7 +1,7 @@
 """Models written for one sample, trained over shuffled mini-batches of samples of different structures
 with ``dynamo_relational.batch``.
 
-    python -m examples.per_sample [treelstm|childsum|treernn|gcn|gin|sage|rgcn|lrnn] [samples] [batch size]
+    python -m examples.per_sample [treelstm|childsum|treernn|gcn|gcn_edges|gin|sage|rgcn|lrnn] [samples] [batch size]
                                   [epochs]
 
 Each model's ``forward`` takes one sample: a tree (a list of children lists, parents numbered before
@@ -101,6 +101,20 @@ class MoleculeGCN(nn.Module):
             h = [torch.relu(sum((conv.weight @ h[u] for u in nbrs), conv.bias)) for nbrs in in_nbrs]
         return torch.sigmoid(self.readout(torch.stack(h).mean(0)))
 
+
+class MoleculeEdgeGCN(MoleculeGCN):
+    """:class:`MoleculeGCN` written with tensor ops over the molecule's edge index, as per-graph code over PyTorch
+    Geometric's ``edge_index`` is: each layer reads its edges' sources (``h[src]``) and sums the messages into
+    their targets (``index_add``)."""
+
+    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
+        src = torch.tensor([u for nbrs in in_nbrs for u in nbrs], dtype=torch.long, device=x.device)
+        dst = torch.tensor([v for v, nbrs in enumerate(in_nbrs) for _ in nbrs], dtype=torch.long, device=x.device)
+        h = x
+        for conv in self.convs:
+            sums = torch.zeros(len(in_nbrs), conv.out_features, dtype=x.dtype, device=x.device)
+            h = torch.relu(sums.index_add(0, dst, h[src] @ conv.weight.t()) + conv.bias)
+        return torch.sigmoid(self.readout(h.mean(0)))
 
 class MoleculeGIN(nn.Module):
     """Graph isomorphism layers (``h_v = MLP(sum of h_u over v's in-neighbours, v itself included)``), sum
@@ -245,6 +259,7 @@ def random_typed_molecule(atoms: int, rng: random.Random, bond_types: int = 3) -
 
 MODELS = {"treelstm": (TreeLSTM, random_tree), "childsum": (ChildSumTreeLSTM, random_tree),
           "treernn": (TreeRNN, random_tree), "gcn": (MoleculeGCN, random_molecule),
+          "gcn_edges": (MoleculeEdgeGCN, random_molecule),
           "gin": (MoleculeGIN, random_molecule), "sage": (MoleculeSAGE, random_molecule),
           "rgcn": (MoleculeRGCN, random_typed_molecule), "lrnn": (MoleculeLRNN, random_molecule)}
 

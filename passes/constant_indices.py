@@ -37,10 +37,13 @@ import torch
 import torch.fx as fx
 
 from dynamo_relational.nodes import meta_without_value, new_node
-from dynamo_relational.ops import TensorInfo, tensor_info
+from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
+from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
+from dynamo_relational.ops.facts import writes
 from dynamo_relational.ops.aggregate import aggregate
 
 from .context import PassContext
+from .postpone_gathers import row_wise_in
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -60,7 +63,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             else:
                 z, index, m = cast(tuple, added)
                 info = cast(TensorInfo, tensor_info(z))
-                zeros = _zeros(z)   # (a row of a zeros tensor adds nothing: not read, not a read of ``like``)
+                zeros = _zeros(z, gm)   # (a row of a zeros tensor adds nothing: not read, not a read of ``like``)
                 terms: list[list[fx.Node]] = [[] if zeros else [_row(graph, meta, z, r)] for r in range(info.shape[0])]
                 for e, r in enumerate(index.tolist()):
                     terms[r].append(_row(graph, meta, m, e))
@@ -74,10 +77,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             stacked = new_node(graph, "call_function", torch.stack, (rows,), {})
         stacked.meta.update(meta, rel_info=tensor_info(node))
         node.replace_all_uses_with(stacked)
+        operands = node.all_input_nodes
         graph.erase_node(node)
+        _erase_unread(graph, operands)
         rewritten += 1
-    if rewritten:
-        graph.eliminate_dead_code()
     ctx.stats["constant_indices"] = rewritten
     return gm
 
@@ -106,6 +109,7 @@ def _index_add(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Tensor
             or node.kwargs or not _dim0(node.args[1], node.args[0]):
         return None
     z, _, index, m = node.args
+    # (in place: only into a tensor of zeros this call makes, never into a constant or buffer it holds)
     if in_place and not (isinstance(z, fx.Node) and _zeros(z) and list(z.users) == [node]):
         return None
     scatter = str(node.target).startswith("scatter") or node.target is torch.scatter_add
@@ -161,14 +165,35 @@ def _dim0(dim: Any, x: Any) -> bool:
     return type(dim) is int and info is not None and info.rank > 0 and dim % info.rank == 0
 
 
-def _zeros(z: fx.Node) -> bool:
+def _zeros(z: fx.Node, gm: fx.GraphModule | None = None) -> bool:
     """Whether ``z`` is a new tensor of zeros (``torch.zeros(n, d)``, ``torch.zeros_like(h)``,
-    ``h.new_zeros(n, d)``)."""
+    ``h.new_zeros(n, d)``, or such a call the trace made a constant of, in ``gm``)."""
+    if gm is not None and z.op == "get_attr":
+        value = _attribute(gm, z)
+        return value is not None and not bool(value.any())
     if not set(z.kwargs) <= {"dtype", "device", "layout"}:
         return False
     return (z.op == "call_function" and (z.target is torch.zeros or (z.target is torch.zeros_like
                                                                      and len(z.args) == 1))) \
         or (z.op == "call_method" and z.target == "new_zeros")
+
+
+def _erase_unread(graph: fx.Graph, nodes: list[fx.Node]) -> None:
+    """Erase what only the rewritten node read (its index constants and their expansions, its new zeros, the
+    messages it summed, which its rows now compute), where nothing else reads it and it writes nothing."""
+    for node in nodes:
+        if not node.users and (node.op == "get_attr" or _zeros(node) or _pure_call(node)):
+            inputs = node.all_input_nodes
+            graph.erase_node(node)
+            _erase_unread(graph, inputs)
+
+
+def _pure_call(node: fx.Node) -> bool:
+    """A call that writes nothing and draws nothing: an op of the catalog, or an expansion of an index."""
+    if node.op not in ("call_function", "call_method") or writes(node) or draws_random_numbers(node):
+        return False
+    return (node.op == "call_method" and node.target in ("expand_as", "expand")) \
+        or REGISTRY.knows(node.op, node.target)
 
 
 def _attribute(gm: fx.GraphModule, node: Any) -> torch.Tensor | None:
@@ -187,8 +212,41 @@ def _is(node: fx.Node, name: str) -> bool:
 
 
 def _row(graph: fx.Graph, meta: dict, x: fx.Node, r: int) -> fx.Node:
-    """Row ``r`` of ``x``, read at the graph's insert point (``meta``: the rewritten node's source line)."""
+    """Row ``r`` of ``x``, made at the graph's insert point (``meta``: the rewritten node's source line): the
+    stacked value itself where ``x`` is a stack, or row-wise ops of one (the messages ``h[src] @ W.t()`` of
+    rows read by index) applied to its row ``r``; else a read of the row."""
+    if _stack_parts(x) is None and not _row_wise_of_stack(x):
+        info = cast(TensorInfo, tensor_info(x))
+        row = new_node(graph, "call_function", operator.getitem, (x, r), {})
+        row.meta.update(meta, rel_info=TensorInfo(info.shape[1:], info.dtype, info.device))
+        return row
+    parts = _stack_parts(x)
+    if parts is not None:
+        return parts[r]
     info = cast(TensorInfo, tensor_info(x))
-    row = new_node(graph, "call_function", operator.getitem, (x, r), {})
+    row = new_node(graph, x.op, x.target, (_row(graph, meta, cast(fx.Node, x.args[0]), r), *x.args[1:]),
+                   dict(x.kwargs))
     row.meta.update(meta, rel_info=TensorInfo(info.shape[1:], info.dtype, info.device))
     return row
+
+
+def _stack_parts(x: fx.Node) -> list[fx.Node] | None:
+    """The stacked values where ``x`` is ``torch.stack`` of them along dim 0."""
+    if x.op != "call_function" or x.target is not torch.stack or len(x.args) != 1 or x.kwargs.get("dim", 0) != 0:
+        return None
+    parts = x.args[0]
+    return list(parts) if isinstance(parts, (list, tuple)) and all(isinstance(p, fx.Node) for p in parts) else None
+
+
+def _row_wise_of_stack(x: fx.Node) -> bool:
+    """Whether ``x`` is a chain of row-wise ops of a stack: by shared weights (``linear``, ``@ W``), or
+    elementwise with constants and with values that broadcast along the rows (a bias)."""
+    first = x.args[0] if x.args else None
+    info, out = (tensor_info(first), tensor_info(x)) if isinstance(first, fx.Node) else (None, None)
+    if info is None or out is None or info.rank < 2 or out.rank != info.rank:
+        return False
+    row_wise = row_wise_in(x, first) or (
+        REGISTRY.family_of(x) is ELEMENTWISE and not x.kwargs
+        and all(a is not first and (i := tensor_info(a)) is not None and i.rank < out.rank
+                for a in x.all_input_nodes[1:]) and x.all_input_nodes[0] is first)
+    return row_wise and (_stack_parts(first) is not None or _row_wise_of_stack(first))
