@@ -46,6 +46,7 @@ from .backend import run_pass
 from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.aggregate import REDUCTIONS, aggregate
+from .ops.along import GATHER_ALONG
 from .ops.elementwise import ELEMENTWISE
 from .ops.losses import LOSS, loss_call
 from .ops.facts import is_factory
@@ -122,7 +123,7 @@ def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[in
     return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, read_whole)
 
 
-#: calls that read rows of their first operand by an index tensor, and that tensor's position
+#: calls that read or write rows of their first operand by an index tensor (along dim 0), and its position
 _INDEXED_READS: dict[tuple[str, Any], int] = {
     (op, name): 2 for name in ("index_select", "index_add", "index_copy", "index_fill", "gather", "scatter",
                                "scatter_add", "scatter_reduce", "index_reduce")
@@ -135,8 +136,9 @@ _VALUE_VIEWS = frozenset(("t", "view", "reshape", "flatten", "squeeze", "unsquee
 def index_inputs(graph: fx.Graph) -> list[fx.Node]:
     """The integer tensor arguments of a sample's traced ``graph`` whose values index rows of the sample's own
     values (``h[src]``, ``h.index_select(0, src)``, ``z.index_add(0, dst, m)``, ``src, dst = edge_index``):
-    per-graph code's edge lists, which are the sample's structure (an embedding's token ids index a shared
-    table: those stay inputs)."""
+    per-graph code's edge lists, which are the sample's structure. Indices into a shared table (an embedding's
+    token ids) and within rows (``logp.gather(1, labels[:, None])``, ``x[torch.arange(k), labels]``) stay
+    inputs."""
     placeholders = graph.find_nodes(op="placeholder")
     of_sample = set(placeholders)   # values computed from the sample's tensors
     origin = {p: p for p in placeholders if (info := tensor_info(p)) is not None
@@ -153,15 +155,21 @@ def index_inputs(graph: fx.Graph) -> list[fx.Node]:
         if first in origin and (name in _VALUE_VIEWS or (node.target is operator.getitem
                                                          and not _flat_nodes(args[1:]))):
             origin[node] = origin[first]
-        if node.target is operator.getitem and len(args) == 2:
-            indices = [a for a in _flat_nodes(args[1:]) if a in origin]
+        if node.target is operator.getitem and len(args) == 2:   # (x[index] or x[index, ...]: rows)
+            index = args[1][0] if isinstance(args[1], tuple) and args[1] else args[1]
         else:
             at = _INDEXED_READS.get((node.op, name))
-            index = args[at] if at is not None and len(args) > at else None
-            indices = [index] if isinstance(index, fx.Node) and index in origin else []
+            along_rows = at is not None and len(args) > at and first is not None and _dim0(args[1], first)
+            index = args[at] if along_rows else None
+        indices = [index] if isinstance(index, fx.Node) and index in origin else []
         if indices and first in of_sample:
             found.update(dict.fromkeys(origin[i] for i in indices))
     return list(found)
+
+
+def _dim0(dim: Any, x: fx.Node) -> bool:
+    info = tensor_info(x)
+    return type(dim) is int and info is not None and info.rank > 0 and dim % info.rank == 0
 
 
 def _flat_nodes(value: Any) -> list[fx.Node]:
@@ -480,12 +488,18 @@ def _row_wise_of_aligned(made: fx.Node, rows: set[fx.Node]) -> bool:
     if made.target in (torch.cat, torch.concat):
         items, dim = made.args[0], made.args[1] if len(made.args) > 1 else made.kwargs.get("dim", 0)
         return type(dim) is int and dim % out.rank > 0 and all(item in rows for item in cast(Sequence, items))
+    if made.target is operator.getitem:   # (``h[:, 0]``, ``labels[:, None]``: each row's elements)
+        index = made.args[1]
+        return isinstance(index, tuple) and bool(index) and index[0] == slice(None) and made.args[0] in rows \
+            and all(i is None or type(i) in (int, slice) for i in index)
     if made.target is F.embedding:   # (each row's ids looked up in a shared table)
         return made.all_input_nodes[0] is made.args[0] and made.args[0] in rows \
             and all(a not in rows for a in made.all_input_nodes[1:])
     if made.target is aggregate:   # (``h + self.lin(h)``, made n-ary by the aggregation pass)
         return all(term in rows for term in cast(Sequence, made.args[0]))
     family = REGISTRY.family_of(made)
+    if family is GATHER_ALONG:   # (within each row, by that row's indices: ``logp.gather(1, labels[:, None])``)
+        return len(made.args) > 1 and not _dim0(made.args[1], made) and all(a in rows for a in made.all_input_nodes)
     if family is LOSS:   # (without reduction: a loss per row, or per element, of its scores and targets)
         call = loss_call(made)
         return not isinstance(call, str) and call.reduction == "none" and call.input in rows and call.target in rows

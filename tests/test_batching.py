@@ -590,6 +590,25 @@ def test_graphs_of_one_shape_with_other_edges_are_other_structures():
     assert batched.report.structures == 2, batched.report
 
 
+def test_labels_that_index_within_each_row_stay_inputs():
+    """``logp.gather(1, labels[:, None])`` and ``logp[torch.arange(n), labels]`` pick an element of each row: the
+    labels are values, not structure, so graphs of one size share one trace whatever their labels."""
+    class Likelihood(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 4, dtype=torch.float64)
+
+        def forward(self, x, labels):
+            logp = torch.log_softmax(self.lin(x), 1)
+            return -logp.gather(1, labels[:, None]).mean() - logp[torch.arange(len(labels)), labels].sum()
+
+    model = Likelihood()
+    graphs = [(torch.randn(n, 3, dtype=torch.float64), torch.randint(0, 4, (n,))) for n in (3, 2, 3, 2, 3)]
+    batched = dynamo_relational.batch(model, progress=False)
+    assert_batches_match_eager(batched, model, graphs, through_union=False)
+    assert_batches_match_eager(batched, model, graphs[::-1])
+    assert batched.report.structures == 2, batched.report
+
 def test_token_ids_that_index_a_shared_table_stay_inputs():
     class Bag(nn.Module):
         def __init__(self):
@@ -656,13 +675,14 @@ class _GraphLoss(nn.Module):
                 "label smoothing": lambda: F.cross_entropy(h, labels, label_smoothing=0.1),
                 "nll of log_softmax": lambda: F.nll_loss(F.log_softmax(h, 1), labels),
                 "class probabilities": lambda: F.cross_entropy(h, torch.softmax(y, 1)),
+                "likelihood by hand": lambda: -torch.log_softmax(h, 1).gather(1, labels.clamp(min=0)[:, None]).mean(),
                 "broadcast target": lambda: F.mse_loss(h[:, :1], y),
                 }[self.style]()
 
 
 @pytest.mark.parametrize("style", ["mse", "mse, summed", "l1 of tanh", "binary", "cross entropy",
                                    "cross entropy, summed", "label smoothing", "nll of log_softmax",
-                                   "class probabilities"])
+                                   "class probabilities", "likelihood by hand"])
 def test_a_loss_over_all_of_a_samples_nodes_batches_as_one_loss_over_all_samples_rows(style):
     """The loss without reduction over all samples' rows, each sample's mean or sum aggregated from its rows (a
     class loss's mean divided by its labels that count); before, each sample ran alone."""
