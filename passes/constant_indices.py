@@ -51,6 +51,9 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         return gm
     rewritten = 0
     graph = gm.graph
+    # a value -> its stacked parts, True for row-wise ops of a stack, or None; (value, r) -> its row r made, where
+    # no write lies between two reads (the in-place rewrites after this pass send reads after a write elsewhere)
+    kinds: dict[Any, Any] = {"reuse rows": not any(writes(n) for n in graph.nodes)}
     for node in list(graph.nodes):
         read, added = _read_by_index(gm, node), _index_add(gm, node)
         if read is None and added is None:
@@ -59,14 +62,15 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         with graph.inserting_before(node):
             if read is not None:
                 x, index = read
-                rows = [_row(graph, meta, x, r) for r in index.tolist()]
+                rows = [_row(graph, meta, x, r, kinds) for r in index.tolist()]
             else:
                 z, index, m = cast(tuple, added)
                 info = cast(TensorInfo, tensor_info(z))
                 zeros = _zeros(z, gm)   # (a row of a zeros tensor adds nothing: not read, not a read of ``like``)
-                terms: list[list[fx.Node]] = [[] if zeros else [_row(graph, meta, z, r)] for r in range(info.shape[0])]
+                terms: list[list[fx.Node]] = [[] if zeros else [_row(graph, meta, z, r, kinds)]
+                                              for r in range(info.shape[0])]
                 for e, r in enumerate(index.tolist()):
-                    terms[r].append(_row(graph, meta, m, e))
+                    terms[r].append(_row(graph, meta, m, e, kinds))
                 row = TensorInfo(info.shape[1:], info.dtype, info.device)
                 rows = []
                 for row_terms in terms:
@@ -211,22 +215,27 @@ def _is(node: fx.Node, name: str) -> bool:
         (node.op == "call_function" and node.target is getattr(torch, name))
 
 
-def _row(graph: fx.Graph, meta: dict, x: fx.Node, r: int) -> fx.Node:
-    """Row ``r`` of ``x``, made at the graph's insert point (``meta``: the rewritten node's source line): the
-    stacked value itself where ``x`` is a stack, or row-wise ops of one (the messages ``h[src] @ W.t()`` of
-    rows read by index) applied to its row ``r``; else a read of the row."""
-    if _stack_parts(x) is None and not _row_wise_of_stack(x):
-        info = cast(TensorInfo, tensor_info(x))
-        row = new_node(graph, "call_function", operator.getitem, (x, r), {})
-        row.meta.update(meta, rel_info=TensorInfo(info.shape[1:], info.dtype, info.device))
-        return row
-    parts = _stack_parts(x)
-    if parts is not None:
-        return parts[r]
+def _row(graph: fx.Graph, meta: dict, x: fx.Node, r: int, kinds: dict[Any, Any]) -> fx.Node:
+    """Row ``r`` of ``x``, made at the graph's insert point (``meta``: the rewritten node's source line) once
+    for every reader: the stacked value itself where ``x`` is a stack, or row-wise ops of one (the messages
+    ``h[src] @ W.t()`` of rows read by index) applied to its row ``r``; else a read of the row. ``kinds``
+    caches what each value is, and the rows made."""
+    if x not in kinds:
+        kinds[x] = _stack_parts(x) or (_row_wise_of_stack(x, kinds) or None)
+    kind = kinds[x]
+    if type(kind) is list:
+        return kind[r]
+    if (x, r) in kinds:   # (the same row, read again: one node, as CSE would leave it)
+        return kinds[x, r]
     info = cast(TensorInfo, tensor_info(x))
-    row = new_node(graph, x.op, x.target, (_row(graph, meta, cast(fx.Node, x.args[0]), r), *x.args[1:]),
-                   dict(x.kwargs))
+    if kind is None:
+        row = new_node(graph, "call_function", operator.getitem, (x, r), {})
+    else:
+        row = new_node(graph, x.op, x.target, (_row(graph, meta, cast(fx.Node, x.args[0]), r, kinds), *x.args[1:]),
+                       dict(x.kwargs))
     row.meta.update(meta, rel_info=TensorInfo(info.shape[1:], info.dtype, info.device))
+    if kinds["reuse rows"]:
+        kinds[x, r] = row
     return row
 
 
@@ -238,7 +247,7 @@ def _stack_parts(x: fx.Node) -> list[fx.Node] | None:
     return list(parts) if isinstance(parts, (list, tuple)) and all(isinstance(p, fx.Node) for p in parts) else None
 
 
-def _row_wise_of_stack(x: fx.Node) -> bool:
+def _row_wise_of_stack(x: fx.Node, kinds: dict[Any, Any]) -> bool:
     """Whether ``x`` is a chain of row-wise ops of a stack: by shared weights (``linear``, ``@ W``), or
     elementwise with constants and with values that broadcast along the rows (a bias)."""
     first = x.args[0] if x.args else None
@@ -249,4 +258,8 @@ def _row_wise_of_stack(x: fx.Node) -> bool:
         REGISTRY.family_of(x) is ELEMENTWISE and not x.kwargs
         and all(a is not first and (i := tensor_info(a)) is not None and i.rank < out.rank
                 for a in x.all_input_nodes[1:]) and x.all_input_nodes[0] is first)
-    return row_wise and (_stack_parts(first) is not None or _row_wise_of_stack(first))
+    if not row_wise:
+        return False
+    if first not in kinds:
+        kinds[first] = _stack_parts(first) or (_row_wise_of_stack(first, kinds) or None)
+    return kinds[first] is not None
