@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Container, Sequence, cast
 
 import numpy
 import torch
@@ -359,7 +359,7 @@ class _Analysis:
 
     # -- what each node is -------------------------------------------------
     def _visit(self, node: fx.Node) -> None:
-        operands = [a for a in _flat_nodes((node.args, node.kwargs))]
+        operands = [a for a in flat_nodes((node.args, node.kwargs))]
         if any(a in self.index_nodes for a in operands) and not self._joined_index(node) and not self._gather(node):
             if self._element_read(node):
                 return
@@ -729,13 +729,9 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
             raise Refused(f"{_describe(node)} joins rows of samples with other values")
         return first
     if _is_elementwise(node):
-        for a in _flat_nodes((args, kwargs)):
-            a_info = tensor_info(a)
-            if a in analysis.rows:
-                if a_info is None or len(a_info.shape) != rank:
-                    raise Refused(f"{_describe(node)} broadcasts rows of samples")
-            elif a_info is not None and len(a_info.shape) == rank and a_info.shape[0] != 1:
-                raise Refused(f"{_describe(node)} combines rows of samples with a shared value's rows")
+        problem = elementwise_mixing(node, analysis.rows)
+        if problem is not None:
+            raise Refused(f"{_describe(node)} {problem}")
         return first
     if target is aggregate:   # an n-ary sum of rows values (``h + self.lin(h)`` over a sample's rows): row by row
         if any(term not in analysis.rows for term in cast(Sequence, args[0])):
@@ -792,7 +788,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         if _reads_every_row(args[1]):
             return first
         raise Refused(f"{_describe(node)} reads single rows")
-    if name in _KEEP and not _flat_nodes((args[1:], kwargs)):
+    if name in _KEEP and not flat_nodes((args[1:], kwargs)):
         return first
     if target is values_or_indices:   # max / min along a dim, or a stable sort: one part
         dim = kwargs.get("dim", -1)
@@ -812,7 +808,7 @@ def _row_wise(node: fx.Node, operand_rows: list[Rows], operands: list[fx.Node], 
         raise Refused(f"{_describe(node)} moves dim 0")
     if node.op == "call_method" and target == "repeat":
         repeats = args[1] if len(args) == 2 and isinstance(args[1], (tuple, list)) else args[1:]
-        if len(repeats) == _rank(args[0]) and repeats[0] == 1 and not _flat_nodes((repeats, kwargs)):
+        if len(repeats) == _rank(args[0]) and repeats[0] == 1 and not flat_nodes((repeats, kwargs)):
             return first   # each row repeated within itself
         raise Refused(f"{_describe(node)} repeats rows")
     raise Refused(f"{_describe(node)} is not known to compute each row from its own row")
@@ -841,7 +837,21 @@ def _einsum_keeps_rows(equation: str, tensors: Sequence, rows: dict) -> bool:
 
 def _reads_every_row(index: Any) -> bool:
     """Whether ``x[index]`` reads every row of ``x`` as it is (``x[:, 2:]``): row ``i`` from row ``i``."""
-    return type(index) is tuple and bool(index) and index[0] == slice(None) and not _flat_nodes(index)
+    return type(index) is tuple and bool(index) and index[0] == slice(None) and not flat_nodes(index)
+
+
+def elementwise_mixing(node: fx.Node, rows: Container[fx.Node]) -> str | None:
+    """How elementwise ``node`` would mix the rows of samples: operands with rows (``rows``) must have its rank
+    (their dim 0 is the rows) and shared ones must broadcast along the rows; None where it mixes none."""
+    rank = _rank(node)
+    for a in node.all_input_nodes:
+        info = tensor_info(a)
+        if a in rows:
+            if info is None or info.rank != rank:
+                return "broadcasts rows of samples"
+        elif info is not None and info.rank == rank and info.shape[0] != 1:
+            return "combines rows of samples with a shared value's rows"
+    return None
 
 
 def _is_elementwise(node: fx.Node) -> bool:
@@ -976,7 +986,8 @@ def _rank(node: Any) -> int:
     return len(info.shape) if info is not None else 0
 
 
-def _flat_nodes(tree: Any) -> list[fx.Node]:
+def flat_nodes(tree: Any) -> list[fx.Node]:
+    """The FX nodes in ``tree`` (arguments: tuples, lists, dicts, slices), in order."""
     found: list[fx.Node] = []
     fx.node.map_arg(tree, found.append)
     return found

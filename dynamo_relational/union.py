@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 
 from dynamo_relational.passes import PIPELINE, Pass, PassContext
 from dynamo_relational.passes.cse import value_key
+from dynamo_relational.passes.gather_nodes import names_rows
 from dynamo_relational.passes.postpone_gathers import row_wise_in
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
 
@@ -52,7 +53,7 @@ from .ops.losses import LOSS, loss_call
 from .ops.facts import is_factory
 from .options import Options
 from .progress import NONE as NO_PROGRESS, CompileProgress
-from .row_plan import works_within_rows
+from .row_plan import elementwise_mixing, flat_nodes, works_within_rows
 
 #: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
 SAMPLE_PASSES = tuple(PIPELINE[:[p.name for p in PIPELINE].index("grouping")])
@@ -140,9 +141,11 @@ def index_inputs(graph: fx.Graph) -> list[fx.Node]:
     token ids) and within rows (``logp.gather(1, labels[:, None])``, ``x[torch.arange(k), labels]``) stay
     inputs."""
     placeholders = graph.find_nodes(op="placeholder")
-    of_sample = set(placeholders)   # values computed from the sample's tensors
     origin = {p: p for p in placeholders if (info := tensor_info(p)) is not None
               and not (info.dtype.is_floating_point or info.dtype.is_complex or info.dtype == torch.bool)}
+    if not origin:   # (most samples: no integer tensor to walk the trace for)
+        return []
+    of_sample = set(placeholders)   # values computed from the sample's tensors
     found: dict[fx.Node, None] = {}
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method"):
@@ -153,29 +156,18 @@ def index_inputs(graph: fx.Graph) -> list[fx.Node]:
         args = node.args
         first = args[0] if args and isinstance(args[0], fx.Node) else None
         if first in origin and (name in _VALUE_VIEWS or (node.target is operator.getitem
-                                                         and not _flat_nodes(args[1:]))):
+                                                         and not flat_nodes(args[1:]))):
             origin[node] = origin[first]
         if node.target is operator.getitem and len(args) == 2:   # (x[index] or x[index, ...]: rows)
             index = args[1][0] if isinstance(args[1], tuple) and args[1] else args[1]
         else:
             at = _INDEXED_READS.get((node.op, name))
-            along_rows = at is not None and len(args) > at and first is not None and _dim0(args[1], first)
+            along_rows = at is not None and len(args) > at and first is not None and names_rows(args[1], first)
             index = args[at] if along_rows else None
         indices = [index] if isinstance(index, fx.Node) and index in origin else []
         if indices and first in of_sample:
             found.update(dict.fromkeys(origin[i] for i in indices))
     return list(found)
-
-
-def _dim0(dim: Any, x: fx.Node) -> bool:
-    info = tensor_info(x)
-    return type(dim) is int and info is not None and info.rank > 0 and dim % info.rank == 0
-
-
-def _flat_nodes(value: Any) -> list[fx.Node]:
-    nodes: list[fx.Node] = []
-    fx.node.map_arg(value, nodes.append)
-    return nodes
 
 
 def _read_whole(graph: fx.Graph) -> tuple[bool, ...]:
@@ -499,18 +491,13 @@ def _row_wise_of_aligned(made: fx.Node, rows: set[fx.Node]) -> bool:
         return all(term in rows for term in cast(Sequence, made.args[0]))
     family = REGISTRY.family_of(made)
     if family is GATHER_ALONG:   # (within each row, by that row's indices: ``logp.gather(1, labels[:, None])``)
-        return len(made.args) > 1 and not _dim0(made.args[1], made) and all(a in rows for a in made.all_input_nodes)
+        return len(made.args) > 1 and not names_rows(made.args[1], made) \
+            and all(a in rows for a in made.all_input_nodes)
     if family is LOSS:   # (without reduction: a loss per row, or per element, of its scores and targets)
         call = loss_call(made)
         return not isinstance(call, str) and call.reduction == "none" and call.input in rows and call.target in rows
-    if family is not ELEMENTWISE:
-        return False
-    for operand in made.all_input_nodes:
-        info = tensor_info(operand)
-        if info is None or (info.rank != out.rank if operand in rows else
-                            info.rank == out.rank and info.shape[0] != 1):
-            return False
-    return True
+    return family is ELEMENTWISE and all(tensor_info(a) is not None for a in made.all_input_nodes) \
+        and elementwise_mixing(made, rows) is None
 
 
 #: reductions over a tensor's rows that an aggregation of its rows computes, by target

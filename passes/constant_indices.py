@@ -43,6 +43,7 @@ from dynamo_relational.ops.facts import writes
 from dynamo_relational.ops.aggregate import aggregate
 
 from .context import PassContext
+from .gather_nodes import constant_value, names_rows
 from .postpone_gathers import row_wise_in
 
 
@@ -95,7 +96,7 @@ def _read_by_index(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Te
     args = node.args
     if node.op == "call_function" and node.target is operator.getitem and len(args) == 2 and not node.kwargs:
         x, index = args
-    elif _is(node, "index_select") and len(args) == 3 and _dim0(args[1], args[0]) and not node.kwargs:
+    elif _is(node, "index_select") and len(args) == 3 and names_rows(args[1], args[0]) and not node.kwargs:
         x, _, index = args
     else:
         return None
@@ -110,7 +111,7 @@ def _index_add(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Tensor
     ``m``."""
     in_place = (node.op == "call_method" and node.target in ("index_add_", "scatter_add_"))
     if not (in_place or _is(node, "index_add") or _is(node, "scatter_add")) or len(node.args) != 4 \
-            or node.kwargs or not _dim0(node.args[1], node.args[0]):
+            or node.kwargs or not names_rows(node.args[1], node.args[0]):
         return None
     z, _, index, m = node.args
     # (in place: only into a tensor of zeros this call makes, never into a constant or buffer it holds)
@@ -132,10 +133,8 @@ def _constant_index(gm: fx.GraphModule, index: Any, x: Any, value: torch.Tensor 
     else None."""
     info = tensor_info(x)
     if value is None:
-        value = _attribute(gm, index)
-    if value is None or info is None or info.rank == 0:
-        return None
-    if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.numel() == 0 \
+        value = constant_value(gm, index)
+    if value is None or info is None or info.rank == 0 or value.dim() != 1 or value.numel() == 0 \
             or value.dtype not in (torch.int64, torch.int32):
         return None
     rows = info.shape[0]
@@ -160,20 +159,15 @@ def _column(gm: fx.GraphModule, index: Any, m: Any, z: Any) -> torch.Tensor | No
     if info is None or info.shape != m_info.shape or column_info is None \
             or column_info.shape != (m_info.shape[0],) + (1,) * (m_info.rank - 1):
         return None
-    value = _attribute(gm, column)
-    return None if value is None else _constant_index(gm, index.args[0], z, value.reshape(-1))
-
-
-def _dim0(dim: Any, x: Any) -> bool:
-    info = tensor_info(x)
-    return type(dim) is int and info is not None and info.rank > 0 and dim % info.rank == 0
+    value = constant_value(gm, column)
+    return None if value is None else _constant_index(gm, column, z, value.reshape(-1))
 
 
 def _zeros(z: fx.Node, gm: fx.GraphModule | None = None) -> bool:
     """Whether ``z`` is a new tensor of zeros (``torch.zeros(n, d)``, ``torch.zeros_like(h)``,
     ``h.new_zeros(n, d)``, or such a call the trace made a constant of, in ``gm``)."""
     if gm is not None and z.op == "get_attr":
-        value = _attribute(gm, z)
+        value = constant_value(gm, z)
         return value is not None and not bool(value.any())
     if not set(z.kwargs) <= {"dtype", "device", "layout"}:
         return False
@@ -198,16 +192,6 @@ def _pure_call(node: fx.Node) -> bool:
         return False
     return (node.op == "call_method" and node.target in ("expand_as", "expand")) \
         or REGISTRY.knows(node.op, node.target)
-
-
-def _attribute(gm: fx.GraphModule, node: Any) -> torch.Tensor | None:
-    """The tensor of ``node`` where it is a get_attr of one, else None."""
-    if not isinstance(node, fx.Node) or node.op != "get_attr":
-        return None
-    value: Any = gm
-    for part in str(node.target).split("."):
-        value = getattr(value, part, None)
-    return value if isinstance(value, torch.Tensor) else None
 
 
 def _is(node: fx.Node, name: str) -> bool:

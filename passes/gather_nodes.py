@@ -70,6 +70,12 @@ def rows(node) -> int | None:
     return info.shape[0] if info is not None and info.rank > 0 else None
 
 
+def names_rows(dim, x) -> bool:
+    """Whether ``dim`` (negative ones counted from the rank) is dim 0, the rows, of ``x``'s value."""
+    info = tensor_info(x)
+    return type(dim) is int and info is not None and info.rank > 0 and dim % info.rank == 0
+
+
 def constant_value(gm: fx.GraphModule, node) -> torch.Tensor | None:
     """The tensor a get_attr node reads (its target may be a dotted path: ``conv1.weight``), else None."""
     if isinstance(node, fx.Node) and node.op == "get_attr":

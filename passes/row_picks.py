@@ -25,6 +25,7 @@ from dynamo_relational.nodes import meta_without_value, new_node
 from dynamo_relational.ops import TensorInfo, tensor_info
 
 from .context import PassContext
+from .gather_nodes import constant_value
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -70,7 +71,7 @@ def _counts_rows(gm: fx.GraphModule, rows, k: int) -> bool:
         bounds = rows.args if not set(rows.kwargs) - {"dtype", "device"} else None
         return bounds in ((k,), (0, k), (0, k, 1)) and rows.kwargs.get("dtype") in (None, torch.int64)
     if rows.op == "get_attr":
-        value = getattr(gm, str(rows.target), None)
-        return isinstance(value, torch.Tensor) and value.dtype == torch.int64 and value.shape == (k,) \
+        value = constant_value(gm, rows)
+        return value is not None and value.dtype == torch.int64 and value.shape == (k,) \
             and bool(torch.equal(value.cpu(), torch.arange(k)))
     return False
