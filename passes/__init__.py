@@ -16,10 +16,10 @@ from typing import Callable
 import torch.fx as fx
 
 from . import (absorb_gathers, aggregation, cleanup, compose_gathers, compress_values, constant_indices, cse,
-               distinct_outputs, fold_bias, fuse_linear, grouping, hoist_gathers, inplace, linear_layout, lstm_cells,
-               merge_gathers, mode_regions, padded_gathers, pair_sums, plain_factories, postpone_gathers,
-               ragged_rows, recompute_gathers, rewrite_search, row_picks, row_writes, segment_provider,
-               simplify_gathers, split_views, values_indices, vectorize)
+               distinct_outputs, fold_bias, fold_constants, fuse_linear, grouping, hoist_gathers, inplace,
+               linear_layout, lstm_cells, merge_gathers, mode_regions, padded_gathers, pair_sums, plain_factories,
+               postpone_gathers, ragged_rows, recompute_gathers, rewrite_search, row_picks, row_writes,
+               segment_provider, simplify_gathers, split_views, values_indices, vectorize)
 from .context import PassContext
 
 
@@ -54,6 +54,8 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("inplace", inplace.run, "acc += t  ->  acc + t; find the in-place ops that remain", ("row_writes",)),
     Pass("plain_factories", plain_factories.run, "x.new_zeros(n, d) -> torch.zeros(n, d, dtype=x.dtype, ...)",
          ("inplace",)),
+    Pass("fold_constants", fold_constants.run, "ops of a sample's factories and constants alone -> one constant",
+         ("plain_factories",)),
     Pass("mode_regions", mode_regions.run,
          "no_grad blocks -> detached values; other mode switches keep the order", ("inplace",)),
     Pass("split_views", split_views.run, "h.chunk(3)[j], torch.split(h, s)[j], h.unbind(0)[j], h.narrow -> slices"),

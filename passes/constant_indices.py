@@ -179,11 +179,14 @@ def _zeros(z: fx.Node, gm: fx.GraphModule | None = None) -> bool:
 def _erase_unread(graph: fx.Graph, nodes: list[fx.Node]) -> None:
     """Erase what only the rewritten node read (its index constants and their expansions, its new zeros, the
     messages it summed, which its rows now compute), where nothing else reads it and it writes nothing."""
-    for node in nodes:
-        if not node.users and (node.op == "get_attr" or _zeros(node) or _pure_call(node)):
-            inputs = node.all_input_nodes
+    erased: set[fx.Node] = set()
+    pending = list(nodes)
+    while pending:
+        node = pending.pop()
+        if node not in erased and not node.users and (node.op == "get_attr" or _zeros(node) or _pure_call(node)):
+            pending += node.all_input_nodes
             graph.erase_node(node)
-            _erase_unread(graph, inputs)
+            erased.add(node)
 
 
 def _pure_call(node: fx.Node) -> bool:

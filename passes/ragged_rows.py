@@ -18,7 +18,8 @@ and 3 children never share a group. This pass rewrites
   from other values (``torch.stack(h) - targets``: part ``j`` reads ``targets[j]``, read through
   layout ops within the rows and elementwise ops of one value and numbers: ``labels[:, None]``'s
   part is ``labels[j]`` reshaped, ``(labels > 1).double()``'s is ``(labels[j] > 1).double()``,
-  ``F.one_hot(labels, c)``'s ``F.one_hot(labels[j], c)``);
+  ``F.one_hot(labels, c)``'s ``F.one_hot(labels[j], c)``; a row per part expanded along the rows,
+  ``sums / counts.view(-1, 1).expand_as(sums)``, is read as that row, ``counts.view(-1, 1)[j]``);
 * ``S = stack(parts, 0)`` of parts of one shape (any rank: a node's scores, one
   number per neighbour) likewise, each part one row of ``S``;
 * ``sum``, ``mean`` (and, for one-row parts, ``amax`` / ``amin``) over dim 0 of
@@ -193,6 +194,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node, call in losses:
         _loss_of_parts(graph, node, live(parts[call.input]), ragged[call.input], call)
     unread = [call.target for _, call in losses]   # (targets and indices that the parts read row by row)
+    copies_erased: set[fx.Node] = set()
     for node in reversed(order):   # readers first
         if node.users and not ragged[node].joined:   # read elsewhere too: rows joined again for them
             with graph.inserting_after(node):
@@ -202,9 +204,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
             node.replace_all_uses_with(joined)
         if not node.users:
             graph.erase_node(node)
-        for copy in ragged[node].reads:
-            if not copy.users and _broadcast_copy(copy) is not None:
-                graph.erase_node(copy)   # a repeat / expand whose one-row source the parts read instead
+        for copy, source in ragged[node].reads.items():
+            if source is not None and source is not copy and copy not in copies_erased and not copy.users \
+                    and copy.op in ("call_function", "call_method"):
+                graph.erase_node(copy)   # a repeat / expand whose source the parts read instead
+                copies_erased.add(copy)
         unread += ragged[node].indexed
     _erase_unread(graph, unread)
     ctx.stats["ragged_reductions"] = sum(1 for _, x, _ in reductions if x in parts) + sum(
@@ -280,10 +284,15 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
     reads, indexed = {}, []
     for a in broadcast:
         source = _broadcast_source(a, info, stacked) if gather is None else None   # (gather does not broadcast)
-        a_info = tensor_info(a)
         if source is not None:
             reads[a] = source
-        elif first.one_row_parts() and a_info is not None and a_info.rank == info.rank and a_info.shape[0] == first.k \
+            continue
+        if first.one_row_parts():   # (a count per node expanded along its row: part j reads that count's row j)
+            source = _expanded_rows(a, info)
+            if source is not None:
+                reads[a] = a = source
+        a_info = tensor_info(a)
+        if first.one_row_parts() and a_info is not None and a_info.rank == info.rank and a_info.shape[0] == first.k \
                 and not any(b in ragged for b in a.all_input_nodes):
             indexed.append(a)   # a row per part from elsewhere (a target per node): part j reads a[j] (a[j:j + 1])
         else:
@@ -396,6 +405,23 @@ def _broadcast_source(operand: fx.Node, info: TensorInfo, stacked: bool = False)
     if operand_info.shape[0] == 1:
         return operand
     return _broadcast_copy(operand, info)
+
+
+def _expanded_rows(node: fx.Node, info: TensorInfo) -> fx.Node | None:
+    """``T`` if ``node`` is ``T.expand_as(x)`` or ``T.expand(...)`` to the shape ``info`` of a ``T`` of as many
+    rows and dimensions (a column of counts, ``[n, 1]``, expanded to ``[n, d]``): row ``j`` of ``node`` is row
+    ``j`` of ``T``, broadcast."""
+    if REGISTRY.family_of(node) is not LAYOUT:
+        return None
+    op = LAYOUT.describe(node)
+    if not isinstance(op, NeuronOp) or op.template[0] != "expand":
+        return None
+    source, expanded = op.operands[0], tensor_info(node)
+    source_info = tensor_info(source)
+    if source_info is None or expanded is None or expanded.shape != info.shape or source_info.rank != info.rank \
+            or source_info.shape[0] != info.shape[0]:
+        return None
+    return source
 
 
 def _broadcast_copy(node: fx.Node, info: TensorInfo | None = None) -> fx.Node | None:
@@ -532,9 +558,10 @@ def _split(graph: fx.Graph, node: fx.Node, value: _Ragged, parts: dict[fx.Node, 
     with graph.inserting_before(node):
         for j in range(value.k):
             def operand(a, j=j):
-                if a in value.indexed:
-                    return _indexed_part(make, a, j, value.stacked)
-                return parts[a][j] if a in parts else value.reads.get(a, a)
+                if a in parts:
+                    return parts[a][j]
+                a = value.reads.get(a, a)
+                return _indexed_part(make, a, j, value.stacked) if a in value.indexed else a
             op, target, args, *keywords = (node.op, node.target, node.args, node.kwargs) if value.call is None \
                 else value.call
             args = fx.node.map_arg(args, operand)
