@@ -19,7 +19,7 @@ epoch, so that each system's steps run after its own, as in a training loop:
 * ``by hand`` (the TreeLSTMs): :func:`level_batched_tree_lstm`, the same cell
   written for a whole batch, every node of one height at once, as DGL-style
   hand-batched code does: the bar a compiler that batches for the user should reach;
-* ``PyG`` (molecule GCNs and GIN): :func:`pyg_molecules`, the same model written
+* ``PyG`` (molecule GCNs, GIN and GraphSAGE): :func:`pyg_molecules`, the same model written
   with PyTorch Geometric, its batches collated from ``Data`` objects as PyG's
   ``DataLoader`` does.
 
@@ -47,7 +47,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from examples.per_sample import MODELS, ChildSumTreeLSTM, MoleculeGCN, TreeLSTM, batches, dataset, train_step
+from examples.per_sample import (MODELS, ChildSumTreeLSTM, MoleculeGCN, MoleculeSAGE, TreeLSTM, batches, dataset,
+                                 train_step)
 
 
 def level_batched_tree_lstm(model: TreeLSTM | ChildSumTreeLSTM, samples: list[tuple]) -> list[torch.Tensor]:
@@ -90,9 +91,10 @@ def level_batched_tree_lstm(model: TreeLSTM | ChildSumTreeLSTM, samples: list[tu
 
 
 def pyg_molecules(model: nn.Module, data: list[tuple]) -> Callable[[list[tuple]], list[torch.Tensor]]:
-    """``model`` (a :class:`MoleculeGCN` or :class:`MoleculeGIN`) written with PyTorch Geometric: each sample
-    of ``data`` stored once as a ``Data`` object, as a PyG data set holds it, and every batch collated by
-    ``Batch.from_data_list`` (what PyG's ``DataLoader`` does) and computed with scatter sums over its edges."""
+    """``model`` (a :class:`MoleculeGCN`, :class:`MoleculeGIN` or :class:`MoleculeSAGE`) written with PyTorch
+    Geometric: each sample of ``data`` stored once as a ``Data`` object, as a PyG data set holds it, and every
+    batch collated by ``Batch.from_data_list`` (what PyG's ``DataLoader`` does) and computed with scatter sums
+    (means) over its edges."""
     from torch_geometric.data import Batch, Data
     from torch_geometric.utils import scatter
 
@@ -106,6 +108,10 @@ def pyg_molecules(model: nn.Module, data: list[tuple]) -> Callable[[list[tuple]]
         if isinstance(model, MoleculeGCN):
             for conv in model.convs:
                 h = torch.relu(scatter(h[source] @ conv.weight.t(), target, 0, h.shape[0], reduce="sum") + conv.bias)
+            pooled = scatter(h, batch.batch, 0, batch.num_graphs, reduce="mean")
+        elif isinstance(model, MoleculeSAGE):
+            for lin_l, lin_r in zip(model.neighbor, model.root):
+                h = torch.relu(lin_l(scatter(h[source], target, 0, h.shape[0], reduce="mean")) + lin_r(h))
             pooled = scatter(h, batch.batch, 0, batch.num_graphs, reduce="mean")
         else:
             for mlp in model.mlps:
@@ -158,7 +164,7 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     if kind in ("treelstm", "childsum"):
         by_hand = copy.deepcopy(eager)
         systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, batch))
-    if kind in ("gcn", "gcn_edges", "gin"):
+    if kind in ("gcn", "gcn_edges", "gin", "sage", "sage_edges"):
         pyg = copy.deepcopy(eager)
         systems["PyG"] = (pyg, pyg_molecules(pyg, data))
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, (m, _) in systems.items()}

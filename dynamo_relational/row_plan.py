@@ -50,6 +50,7 @@ from .ops.along import GATHER_ALONG, values_or_indices
 from .ops.base import TensorInfo, value_info
 from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
+from .ops.facts import is_sample_constant
 from .ops.losses import LOSS
 from .ops.matmul import MATMUL, linear_args, product_operands
 from .ops.select import ONE_HOT
@@ -360,6 +361,11 @@ class _Analysis:
     # -- what each node is -------------------------------------------------
     def _visit(self, node: fx.Node) -> None:
         operands = [a for a in flat_nodes((node.args, node.kwargs))]
+        if any(a in self._samples_constants for a in operands):
+            if self._constants_of_samples(node):   # (a join of such joins)
+                self.shared.add(node)
+                return
+            operands = [self._constants_as_rows(node, a) if a in self._samples_constants else a for a in operands]
         if any(a in self.index_nodes for a in operands) and not self._joined_index(node) and not self._gather(node):
             if self._element_read(node):
                 return
@@ -368,8 +374,6 @@ class _Analysis:
             operands = [self._per_row_constant(node, a) if a in self.index_nodes else a for a in operands]
         if node in self.rows or node in self._joined_indices or self._split(node):
             return   # (a gather, also of a join of the samples' constants, reads it as a shared value)
-        if any(a in self._samples_constants for a in operands):
-            operands = [self._constants_as_rows(node, a) if a in self._samples_constants else a for a in operands]
         if node.target is torch.index_select and len(node.args) == 3 and node.args[2] in self._joined_indices:
             self._merged_gather(node)
             return
@@ -446,19 +450,28 @@ class _Analysis:
         self._gather(gathered)
         return gathered
 
-    def _constants_of_samples(self, node: fx.Node) -> None:
+    def _constants_of_samples(self, node: fx.Node) -> bool:
         """Note ``node`` if it joins constants of the samples' own traces along dim 0 (``torch.stack`` or
         ``torch.cat``): the vectorizer's rows of a group whose members read them (a state of zeros that each
-        sample's ``forward`` made with ``torch.zeros``). Its rows belong to those samples."""
+        sample's ``forward`` made with ``torch.zeros``, rows of each sample's edge counts). Its rows belong to
+        those samples. Whether it does."""
         if node.op != "call_function" or node.target not in (torch.stack, torch.cat) or len(node.args) != 1 \
                 or node.kwargs:
-            return
+            return False
         parts = _joined(node)
-        if not all(isinstance(p, fx.Node) and p.op == "get_attr" and SAMPLE in p.meta for p in parts):
-            return
-        rows = [1 if node.target is torch.stack else _static_info(p).shape[0] for p in parts]
-        self._samples_constants[node] = numpy.repeat(numpy.array([p.meta[SAMPLE] for p in parts],
-                                                                 dtype=numpy.int64), rows)
+        if node.target is torch.cat and all(p in self._samples_constants or is_sample_constant(p) for p in parts):
+            # (also a join of such joins: the vectorizer's rows of groups of such reads, gathered again)
+            self._samples_constants[node] = numpy.concatenate([
+                self._samples_constants[p] if p in self._samples_constants
+                else numpy.full(_static_info(p).shape[0], p.meta[SAMPLE], dtype=numpy.int64) for p in parts])
+        elif node.target is torch.stack and all(is_sample_constant(p) for p in parts):
+            self._samples_constants[node] = numpy.array([p.meta[SAMPLE] for p in parts], dtype=numpy.int64)
+        return node in self._samples_constants
+
+    def _joined_constant(self, joined: fx.Node) -> torch.Tensor:
+        """The value of ``joined``, a join of the samples' own constants (or of such joins)."""
+        return cast(Callable, joined.target)([self._joined_constant(p) if p in self._samples_constants
+                                              else _attribute(self.gm, cast(str, p.target)) for p in _joined(joined)])
 
     def _constants_as_rows(self, node: fx.Node, joined: fx.Node) -> fx.Node:
         """Read ``joined``, a join of the samples' own constants, for ``node`` through a gather of all its rows,
@@ -467,7 +480,7 @@ class _Analysis:
         gathered = self._samples_constants_read.get(joined)
         if gathered is None:   # (before the first reader: the later ones come after it)
             info = _static_info(joined)
-            value = cast(Callable, joined.target)([_attribute(self.gm, cast(str, p.target)) for p in _joined(joined)])
+            value = self._joined_constant(joined)
             name = f"_samples_constants_{joined.name}"
             self.gm.register_buffer(name, value, persistent=False)
             with self.gm.graph.inserting_before(node):

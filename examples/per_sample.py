@@ -1,8 +1,8 @@
 """Models written for one sample, trained over shuffled mini-batches of samples of different structures
 with ``dynamo_relational.batch``.
 
-    python -m examples.per_sample [treelstm|childsum|treernn|gcn|gcn_edges|gin|sage|rgcn|lrnn] [samples] [batch size]
-                                  [epochs]
+    python -m examples.per_sample [treelstm|childsum|treernn|gcn|gcn_edges|gin|sage|sage_edges|rgcn|lrnn]
+                                  [samples] [batch size] [epochs]
 
 Each model's ``forward`` takes one sample: a tree (a list of children lists, parents numbered before
 their children) or a molecule (a list of in-neighbour lists; for the R-GCN, of (neighbour, bond type)
@@ -153,6 +153,23 @@ class MoleculeSAGE(nn.Module):
         return torch.sigmoid(self.readout(torch.stack(h).mean(0)))
 
 
+class MoleculeEdgeSAGE(MoleculeSAGE):
+    """:class:`MoleculeSAGE` written with tensor ops over the molecule's edge index, as ``SAGEConv`` computes
+    it: each layer sums its edges' sources into their targets (``index_add``) and divides by the targets'
+    in-degrees, counted by the same sum over ones."""
+
+    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
+        src = torch.tensor([u for nbrs in in_nbrs for u in nbrs], dtype=torch.long, device=x.device)
+        dst = torch.tensor([v for v, nbrs in enumerate(in_nbrs) for _ in nbrs], dtype=torch.long, device=x.device)
+        counts = torch.zeros(len(in_nbrs), 1, dtype=x.dtype, device=x.device).index_add(
+            0, dst, torch.ones(len(dst), 1, dtype=x.dtype, device=x.device)).clamp(min=1)
+        h = x
+        for lin_l, lin_r in zip(self.neighbor, self.root):
+            sums = torch.zeros(len(in_nbrs), h.shape[1], dtype=x.dtype, device=x.device).index_add(0, dst, h[src])
+            h = torch.relu(lin_l(sums / counts) + lin_r(h))
+        return torch.sigmoid(self.readout(h.mean(0)))
+
+
 class MoleculeRGCN(nn.Module):
     """R-GCN layers with one weight matrix per bond type (``h_v = relu(W_root h_v + sum over bonds (u, r) -> v
     of W[r] h_u + b)``), mean pooling and a sigmoid readout, for one molecule given as in-bond lists."""
@@ -261,6 +278,7 @@ MODELS = {"treelstm": (TreeLSTM, random_tree), "childsum": (ChildSumTreeLSTM, ra
           "treernn": (TreeRNN, random_tree), "gcn": (MoleculeGCN, random_molecule),
           "gcn_edges": (MoleculeEdgeGCN, random_molecule),
           "gin": (MoleculeGIN, random_molecule), "sage": (MoleculeSAGE, random_molecule),
+          "sage_edges": (MoleculeEdgeSAGE, random_molecule),
           "rgcn": (MoleculeRGCN, random_typed_molecule), "lrnn": (MoleculeLRNN, random_molecule)}
 
 

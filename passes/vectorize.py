@@ -18,6 +18,7 @@ the graph shrinks from O(neurons) to O(groups) nodes.
 from __future__ import annotations
 
 import operator
+from typing import cast
 
 import torch
 import torch.fx as fx
@@ -26,7 +27,7 @@ from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
 from dynamo_relational.kernels.segment import csr_offsets
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import draws_random_numbers
-from dynamo_relational.ops.facts import is_factory
+from dynamo_relational.ops.facts import SAMPLE, is_factory
 
 from .context import PassContext
 
@@ -91,6 +92,18 @@ class GroupBuilder:
             base, rows = self._base_rows(pairs)
             cached = self._gathers[pairs] = self.take(base, rows, tensor_info(nodes[0]))
         return cached
+
+    def rows_of_sources(self, sources: list[fx.Node], rows: list[int], row: TensorInfo) -> fx.Node:
+        """A tensor whose row ``i`` is row ``rows[i]`` of ``sources[i]`` (tensors of rows like ``row`` that are
+        not grouped: the samples' own constants in a union), read from the rows of all of them, concatenated."""
+        pairs = []
+        for source, r in zip(sources, rows):
+            value = self.value(source)
+            self.size.setdefault(value, cast(TensorInfo, tensor_info(source)).shape[0])
+            pairs.append((value, r))
+        self.gathered = True
+        base, taken = self._base_rows(tuple(pairs))
+        return self.take(base, taken, row)
 
     def rows_of(self, nodes: list[fx.Node]) -> tuple[fx.Node, list[int]]:
         """``(base, rows)`` with ``base[rows[i]]`` the value of ``nodes[i]``, without emitting the gather
@@ -274,8 +287,6 @@ def _may_have_effects(node: fx.Node) -> bool:
         and not is_factory(node)
 
 
-#: the meta key of a node of a union of samples (``dynamo_relational/union.py``): the sample it belongs to
-SAMPLE = "rel_sample"
 #: the meta key of a group node of such a union: the sample of each row
 ROW_SAMPLES = "rel_row_samples"
 #: the meta key of a union's output (the samples' results stacked): always one gather, never row reads

@@ -262,7 +262,7 @@ def test_level_batched_tree_lstm_equals_the_per_tree_model(kind):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["gcn", "gin"])
+@pytest.mark.parametrize("kind", ["gcn", "gin", "sage", "sage_edges"])
 def test_pyg_molecules_equal_the_per_molecule_model(kind):
     pytest.importorskip("torch_geometric")
     from benchmarks.dynamic import pyg_molecules

@@ -382,6 +382,16 @@ def is_factory(node: fx.Node) -> bool:
 _FORWARD_CONSTANT = re.compile(r"(_sample\d+_)?_tensor_constant\d+$")
 
 
+#: the meta key of a node of a union of samples (``dynamo_relational/union.py``): the sample it belongs to
+SAMPLE = "rel_sample"
+
+
+def is_sample_constant(node: Any) -> bool:
+    """Whether ``node`` reads one sample's own constant in a union of samples (its edge counts, a tensor its
+    ``forward`` built): every sample has its own, where they share the model's parameters."""
+    return isinstance(node, fx.Node) and node.op == "get_attr" and SAMPLE in node.meta
+
+
 def is_forward_constant(node: Any) -> bool:
     """Whether ``node`` reads a tensor that ``forward`` built from Python values alone (``torch.tensor([w])``),
     recorded as a constant of the graph; a model's parameters and buffers never are."""

@@ -24,7 +24,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from .base import NeuronOp, OpFamily, node_args, register, tensor_info
-from .facts import is_forward_constant
+from .facts import is_forward_constant, is_sample_constant
 
 _FULL = slice(None, None, None)
 
@@ -69,7 +69,10 @@ class Select(OpFamily):
                 return f"index {i} out of range for dimension {dim} of size {size}"
             normalized.append(i % size)
         rest = () if all(p == _FULL or p is Ellipsis for p in rest) else rest   # x[i, :] is x[i]
-        key = (self.name, src, len(ints), tuple(_bounds(p) for p in rest), info)
+        # rows of the samples' own constants in a union (each sample's counts, of its own length) are read
+        # from their concatenation: their lengths may differ
+        whole = (src.shape[1:], src.dtype, src.device) if len(ints) == 1 and is_sample_constant(source) else src
+        key = (self.name, whole, len(ints), tuple(_bounds(p) for p in rest), info)
         return NeuronOp(node, self, key, (source,), info, tuple(normalized), rest)
 
     def _describe_embedding(self, node: fx.Node) -> NeuronOp | str:
@@ -94,7 +97,12 @@ class Select(OpFamily):
 
     def emit(self, members: Sequence[NeuronOp], b) -> fx.Node | None:
         first = members[0]
-        source, batched = b.slot([m.operands[0] for m in members])
+        sources = [m.operands[0] for m in members]
+        if len(first.consts) == 1 and is_sample_constant(first.operands[0]) and len(set(sources)) > 1:
+            rows = b.rows_of_sources(sources, [m.consts[0] for m in members], b.row_info(first.operands[0]))
+            return rows if not first.template else \
+                b.graph.call_function(operator.getitem, (rows, (_FULL, *first.template)))
+        source, batched = b.slot(sources)
         src = tensor_info(first.operands[0])
         device = first.info.device
         if len(first.consts) == 1 and not batched:
