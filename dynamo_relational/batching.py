@@ -557,6 +557,9 @@ class BatchedModule(nn.Module):
                 progress.step()
         except (NotBatchable, Refused) as e:
             return str(e)
+        except Exception as e:   # (a failure of grouping itself: the samples still run, as eager's calls do)
+            log.debug("relational: grouping the union failed", exc_info=True)
+            return f"grouping the union failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         finally:
             _hand_back_freed_memory()
             self.report.grouping_seconds += time.perf_counter() - start

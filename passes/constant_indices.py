@@ -217,9 +217,11 @@ def _row(graph: fx.Graph, meta: dict, x: fx.Node, r: int, kinds: dict[Any, Any])
     info = cast(TensorInfo, tensor_info(x))
     if kind is None:
         row = new_node(graph, "call_function", operator.getitem, (x, r), {})
-    else:
-        row = new_node(graph, x.op, x.target, (_row(graph, meta, cast(fx.Node, x.args[0]), r, kinds), *x.args[1:]),
-                       dict(x.kwargs))
+    else:   # (the op on the stack's row r; an operand that is the stack again, ``h + h``, read as that row too)
+        first = cast(fx.Node, x.args[0])
+        first_row = _row(graph, meta, first, r, kinds)
+        args, kwargs = fx.node.map_arg((x.args, x.kwargs), lambda a: first_row if a is first else a)
+        row = new_node(graph, x.op, x.target, args, dict(kwargs))
     row.meta.update(meta, rel_info=TensorInfo(info.shape[1:], info.dtype, info.device))
     if kinds["reuse rows"]:
         kinds[x, r] = row
@@ -243,8 +245,7 @@ def _row_wise_of_stack(x: fx.Node, kinds: dict[Any, Any]) -> bool:
         return False
     row_wise = row_wise_in(x, first) or (
         REGISTRY.family_of(x) is ELEMENTWISE and not x.kwargs
-        and all(a is not first and (i := tensor_info(a)) is not None and i.rank < out.rank
-                for a in x.all_input_nodes[1:]) and x.all_input_nodes[0] is first)
+        and all(a is first or (i := tensor_info(a)) is not None and i.rank < out.rank for a in x.all_input_nodes))
     if not row_wise:
         return False
     if first not in kinds:

@@ -33,7 +33,8 @@ and 3 children never share a group. This pass rewrites
   softmax does not change with the shift, nor does its gradient) and ``z`` the
   n-ary sum of ``exp(p_j - m)``: the same formula as eager's kernel;
 * an op of the along family within each row (``log_softmax(scores, 1)``, ``h.norm(dim=1)``,
-  ``torch.logsumexp(scores, 1)``) into the same on each part;
+  ``torch.logsumexp(scores, 1)``), and a sum, mean, max or min over each row's own dims
+  (``h.sum(1, keepdim=True)``), into the same on each part;
 * ``torch.gather`` within each row of one-row parts by an index with a row per part
   (``logp.gather(1, labels[:, None])``: a node's label's log-probability) into each part's gather by its
   row of the index, read through the layout op as that op of ``labels[j]`` (a row read of a sample's
@@ -47,7 +48,8 @@ and 3 children never share a group. This pass rewrites
 * ``S[j]`` of a stacked ragged value into its part ``j``;
 * ``rows @ a`` by a shared vector, and the layout ops within rows: ``x.unsqueeze(d)``,
   ``x[:, None]`` and ``cat([x, T.expand(k, ...)], d)`` (d > 0; a copy of one
-  part read as that part) likewise into the op on each part.
+  part read as that part; for one-row parts, a value with a row per part read as
+  its row j, as above) likewise into the op on each part.
 
 Only ragged values from which such a reduction or part read is reached are rewritten, and in one sample of
 a union (``ctx.in_union``) those read as a whole whose rows broadcast a value the sample computes
@@ -154,6 +156,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         found = _join(node)
         if found is None:
             found = _row_wise(node, ragged) or _row_layout(node, ragged) or _row_along(node, ragged) \
+                or _reduced_within_rows(node, ragged) \
                 or _loss_per_row(node, ragged)
         if found is not None:
             ragged[node] = found
@@ -335,13 +338,24 @@ def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None
         if not rowed or not all(isinstance(a, fx.Node) for a in x):
             return None
         layout = ragged[rowed[0]]
-        reads = {a: _broadcast_copy(a) for a in x if a not in ragged}
+        reads, indexed = {}, []
+        for a in x:
+            if a in ragged:
+                continue
+            copy, a_info = _broadcast_copy(a), tensor_info(a)
+            if copy is not None:
+                reads[a] = copy
+            elif layout.one_row_parts() and a_info is not None and a_info.rank == info.rank \
+                    and a_info.shape[0] == layout.k and not any(b in ragged for b in a.all_input_nodes):
+                indexed.append(a)   # (a row per part: ``cat([x, sums], 1)`` of a node's features, part j reads x[j])
+            else:
+                return None
         part_rank = info.rank - layout.stacked
         if any(not ragged[a].same_layout(layout) for a in rowed) or any(
-                source is None or (tensor_info(source) or info).rank != part_rank or not layout.one_row_parts()
+                (tensor_info(source) or info).rank != part_rank or not layout.one_row_parts()
                 for source in reads.values()):
             return None   # (a copy's source is the part it gives every row: of the part's rank)
-        return _row_value(info, layout, reads=reads,
+        return _row_value(info, layout, reads=reads, indexed=tuple(indexed),
                           call=(node.op, target, (list(x), where % info.rank - layout.stacked)))
     else:
         return None
@@ -378,6 +392,19 @@ def _row_along(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
     if name not in _SOFTMAXES or extra.get("dtype") is not None or not value.one_row_parts():
         return None
     return _Ragged(value.k, value.part, stacked=value.stacked, softmax=(name, x))
+
+
+def _reduced_within_rows(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
+    """The ragged value ``node`` makes, if it sums, averages or takes the max or min of each row of a ragged
+    value over the row's own dims (``h.sum(1, keepdim=True)``): the same on each part, over its dims."""
+    if REGISTRY.family_of(node) is not REDUCE:
+        return None
+    r, info = reduced(node), tensor_info(node)
+    if isinstance(r, str) or info is None or r.input not in ragged or 0 in r.dims or r.name not in _ROW_REDUCTIONS:
+        return None
+    value = ragged[r.input]
+    return _row_value(info, value, call=("call_method", r.name,
+                                         (r.input, tuple(d - value.stacked for d in r.dims), r.keepdim)))
 
 
 def _part_read(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> tuple[fx.Node, int] | None:

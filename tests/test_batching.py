@@ -187,6 +187,25 @@ def test_grouping_hands_the_c_heaps_freed_memory_back_once_per_union(libc, monke
     assert libc == "glibc" or batching._MALLOC_TRIM is False
 
 
+def test_a_failure_of_grouping_itself_runs_the_samples_with_the_model_and_names_it(monkeypatch):
+    """An error inside grouping (not a refusal) does not fail the batch: its samples run with the model, as eager's
+    calls would, and the report says why."""
+    from dynamo_relational import batching
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("shapes of the grouped graph disagree\nsecond line")
+
+    monkeypatch.setattr(batching, "analyse", fails)
+    torch.manual_seed(1)
+    data = dataset("treernn", 6, features=4, dtype=torch.float64)
+    model = TreeRNN(4, hidden=5).double()
+    batched = dynamo_relational.batch(model, progress=False)
+    batched(data)
+    assert_batches_match_eager(batched, model, data, through_union=False)
+    assert batched.report.unbatched_reason == \
+        "grouping the union failed: RuntimeError: shapes of the grouped graph disagree", batched.report
+
+
 @pytest.mark.parametrize("kind", ["treelstm", "gcn"])
 def test_structures_beyond_max_union_nodes_group_as_several_unions_each_batch_running_those_it_needs(kind):
     data, model, batched = traced_per_sample(kind, 16, progress=False, max_union_nodes=2000)
@@ -541,6 +560,8 @@ class _EdgeIndexGCN(nn.Module):
         if self.style == "mean":   # (GraphSAGE: the mean of the messages, counted by the edges, and the root's term)
             count = torch.zeros(len(x), dtype=x.dtype).index_add(0, dst, torch.ones(len(dst), dtype=x.dtype))
             out = out / count.clamp(min=1).view(-1, 1) + h
+        if self.style == "again, of h + h":   # (a second layer reads rows of the first's sums, added to themselves)
+            out = torch.zeros_like(out).index_add(0, dst, (out + out)[src])
         return torch.relu(out).mean(0)
 
 
@@ -554,7 +575,7 @@ def _edge_list_graphs(style: str, sizes=(3, 4, 2, 5, 3, 4)) -> list[tuple]:
     return graphs
 
 
-@pytest.mark.parametrize("style", ["h[src]", "index_select", "[E, 2]", "onto h", "mean"])
+@pytest.mark.parametrize("style", ["h[src]", "index_select", "[E, 2]", "onto h", "mean", "again, of h + h"])
 def test_per_graph_code_over_an_edge_index_tensor_batches_its_edges_as_structure(style):
     """The integer tensor that indexes the graph's own rows is its structure (read by value); the reads and
     sums by it become per-edge reads and per-node sums, which group across graphs of any size; the counts a
@@ -564,6 +585,19 @@ def test_per_graph_code_over_an_edge_index_tensor_batches_its_edges_as_structure
     if style == "mean":
         targets = {record[1] for s in batched._cache.structures.values() for record in s.graph.records}
         assert not {torch.ones, "clamp", torch.Tensor.index_add}.intersection(targets), targets
+
+
+@pytest.mark.parametrize("readout", ["amax", "sum"])
+def test_nodes_without_messages_batch_in_any_readout(readout):
+    """A node that no edge reaches sums no message: its row is zeros, which every sample's such node shares in a
+    union; a sample's max (or sum) over its rows reads that row for the sample."""
+    class Readout(nn.Module):
+        def forward(self, x, edges):
+            src, dst = edges
+            return getattr(torch.zeros_like(x).index_add(0, dst, x[src] * 2), readout)(0)
+
+    graphs = [(x, torch.tensor([[0, 0], [1, 1]])) for x, _ in _edge_list_graphs("h[src]")]   # (nodes 2 and on: none)
+    assert_shuffled_batches_match_eager(Readout(), graphs)
 
 
 @pytest.mark.parametrize("layer", ["GraphConv", "GINConv", "GCNConv", "SAGEConv"])

@@ -1,6 +1,7 @@
 """Property tests over random per-graph programs that work on all of a sample's rows at once: layers over the
-node-feature matrix, elementwise ops and joins of two values with a row per node, ops within each row, and a
-reduction over the rows or a loss against per-node targets. ``batch`` runs each as one union over all samples'
+node-feature matrix, elementwise ops and joins of two values with a row per node, ops within each row, sums and
+means of the rows of each node's in-neighbours by the graph's edge list (``index_add``), and a reduction over the
+rows or a loss against per-node targets. ``batch`` runs each as one union over all samples'
 rows, and equals eager: outputs and gradients, sample by sample."""
 import os
 import random
@@ -28,6 +29,8 @@ _step = st.one_of(
     st.tuples(st.just("mask"), st.integers(0, 99), st.integers(0, 99)),
     st.tuples(st.just("softmax"), st.integers(0, 99)),
     st.tuples(st.just("scaled by row sum"), st.integers(0, 99)),
+    st.tuples(st.just("neighbour sum"), st.integers(0, 99)),
+    st.tuples(st.just("neighbour mean"), st.sampled_from(["broadcast", "expand_as"]), st.integers(0, 99)),
 )
 programs = st.tuples(st.lists(_step, min_size=1, max_size=6), st.sampled_from(_RESULTS))
 
@@ -43,8 +46,9 @@ class RowsProgram(nn.Module):
         self.linears = nn.ModuleList(nn.Linear(WIDTH, WIDTH, dtype=torch.float64) for _ in steps)
         self.joins = nn.ModuleList(nn.Linear(2 * WIDTH, WIDTH, dtype=torch.float64) for _ in steps)
 
-    def forward(self, x, y, labels):
+    def forward(self, x, y, labels, edges):
         values = [x, y]
+        src, dst = edges[:, 0], edges[:, 1]
         for k, (kind, *args) in enumerate(self.steps):
             pick = [values[a % len(values)] for a in args if isinstance(a, int)]
             if kind == "linear":
@@ -59,6 +63,13 @@ class RowsProgram(nn.Module):
                 out = pick[0] * (pick[1] > 0)
             elif kind == "softmax":
                 out = torch.softmax(pick[0], 1)
+            elif kind == "neighbour sum":
+                out = torch.zeros_like(pick[0]).index_add(0, dst, pick[0][src])
+            elif kind == "neighbour mean":   # (PyG's mean: the sums divided by the in-degrees, at least 1)
+                counts = torch.zeros(len(x), 1, dtype=x.dtype).index_add(0, dst, torch.ones(len(dst), 1, dtype=x.dtype))
+                sums = torch.zeros_like(pick[0]).index_add(0, dst, pick[0][src])
+                counts = counts.clamp(min=1)
+                out = sums / (counts if args[0] == "broadcast" else counts.expand_as(sums))
             else:
                 out = pick[0] * pick[0].sum(1, keepdim=True)
             values.append(out)
@@ -79,8 +90,17 @@ def _samples(seed: int) -> list[tuple]:
         labels[0] = labels[0].clamp(min=0)   # (a sample whose labels are all ignored has a NaN loss)
         samples.append((torch.randn(n, WIDTH, dtype=torch.float64, generator=generator),
                         torch.randn(n, WIDTH, dtype=torch.float64, generator=generator),
-                        torch.where(labels >= 0, labels, -100)))
+                        torch.where(labels >= 0, labels, -100),
+                        _edges(n, rng.randint(0, n), generator)))
     return samples
+
+
+def _edges(n: int, more: int, generator: torch.Generator) -> torch.Tensor:
+    """``[E, 2]`` edges of a graph of ``n`` nodes, each node the target of one or more (a node without messages
+    sums to a row of zeros that no sample owns in a union: ops of it beside the sample's rows can leave a
+    program one by one, tested apart in test_batching.py)."""
+    targets = torch.cat([torch.arange(n), torch.randint(0, n, (more,), generator=generator)])
+    return torch.stack([torch.randint(0, n, (len(targets),), generator=generator), targets], 1)
 
 
 def _check(program, seed):

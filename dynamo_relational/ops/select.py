@@ -17,13 +17,13 @@ computes (``emb(tokens[v])``) is one embedding of the members' indices
 from __future__ import annotations
 
 import operator
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .base import NeuronOp, OpFamily, node_args, register, tensor_info
+from .base import NeuronOp, OpFamily, TensorInfo, node_args, register, tensor_info
 from .facts import is_forward_constant, is_sample_constant
 
 _FULL = slice(None, None, None)
@@ -45,7 +45,8 @@ class Select(OpFamily):
             size = src.shape[0]
             if not -size <= index < size:
                 return f"index {index} out of range for dimension 0 of size {size}"
-            return NeuronOp(node, self, (self.name, src, 1, (), info), (source,), info, (index % size,), ())
+            return NeuronOp(node, self, (self.name, _rows_key(source, src), 1, (), info), (source,), info,
+                            (index % size,), ())
         parts = index if isinstance(index, tuple) else (index,)
         first = parts[0] if parts else None
         if isinstance(first, slice) and _one_row(first, src.shape[0] if src.rank else 0):   # x[a:a + 1]: x[a, None]
@@ -69,10 +70,8 @@ class Select(OpFamily):
                 return f"index {i} out of range for dimension {dim} of size {size}"
             normalized.append(i % size)
         rest = () if all(p == _FULL or p is Ellipsis for p in rest) else rest   # x[i, :] is x[i]
-        # rows of the samples' own constants in a union (each sample's counts, of its own length) are read
-        # from their concatenation: their lengths may differ
-        whole = (src.shape[1:], src.dtype, src.device) if len(ints) == 1 and is_sample_constant(source) else src
-        key = (self.name, whole, len(ints), tuple(_bounds(p) for p in rest), info)
+        key = (self.name, _rows_key(source, src) if len(ints) == 1 else src, len(ints), tuple(_bounds(p) for p in rest),
+               info)
         return NeuronOp(node, self, key, (source,), info, tuple(normalized), rest)
 
     def _describe_embedding(self, node: fx.Node) -> NeuronOp | str:
@@ -117,6 +116,13 @@ class Select(OpFamily):
         if not first.template:
             return rows
         return b.graph.call_function(operator.getitem, (rows, (_FULL, *first.template)))
+
+
+def _rows_key(source: fx.Node, src: TensorInfo) -> Hashable:
+    """What the rows read from ``source`` (of info ``src``) share in a group: its info; for the samples' own
+    constants in a union (each sample's edge counts, of its own length), which are read from their
+    concatenation, the info of a row."""
+    return (src.shape[1:], src.dtype, src.device) if is_sample_constant(source) else src
 
 
 def _constant_index(node) -> tuple[int, tuple] | None:
