@@ -17,7 +17,7 @@ computes (``emb(tokens[v])``) is one embedding of the members' indices
 from __future__ import annotations
 
 import operator
-from typing import Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
 import torch
 import torch.fx as fx
@@ -118,7 +118,7 @@ class Select(OpFamily):
         return b.graph.call_function(operator.getitem, (rows, (_FULL, *first.template)))
 
 
-def _rows_key(source: fx.Node, src: TensorInfo) -> Hashable:
+def _rows_key(source: Any, src: TensorInfo) -> Hashable:
     """What the rows read from ``source`` (of info ``src``) share in a group: its info; for the samples' own
     constants in a union (each sample's edge counts, of its own length), which are read from their
     concatenation, the info of a row."""
