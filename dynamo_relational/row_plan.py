@@ -454,7 +454,12 @@ class _Analysis:
         """Note ``node`` if it joins constants of the samples' own traces along dim 0 (``torch.stack`` or
         ``torch.cat``): the vectorizer's rows of a group whose members read them (a state of zeros that each
         sample's ``forward`` made with ``torch.zeros``, rows of each sample's edge counts). Its rows belong to
-        those samples. Whether it does."""
+        those samples; so does ``C.unsqueeze(0)`` of one such constant (the vectorizer's row of a single value).
+        Whether it does."""
+        if node.op == "call_method" and node.target == "unsqueeze" and node.args[1:] == (0,) and not node.kwargs \
+                and is_sample_constant(node.args[0]):
+            self._samples_constants[node] = numpy.array([cast(fx.Node, node.args[0]).meta[SAMPLE]], dtype=numpy.int64)
+            return True
         if node.op != "call_function" or node.target not in (torch.stack, torch.cat) or len(node.args) != 1 \
                 or node.kwargs:
             return False
@@ -469,7 +474,9 @@ class _Analysis:
         return node in self._samples_constants
 
     def _joined_constant(self, joined: fx.Node) -> torch.Tensor:
-        """The value of ``joined``, a join of the samples' own constants (or of such joins)."""
+        """The value of ``joined``, a join of the samples' own constants (or of such joins, or one's row)."""
+        if joined.op == "call_method":   # (C.unsqueeze(0))
+            return _attribute(self.gm, cast(str, cast(fx.Node, joined.args[0]).target)).unsqueeze(0)
         return cast(Callable, joined.target)([self._joined_constant(p) if p in self._samples_constants
                                               else _attribute(self.gm, cast(str, p.target)) for p in _joined(joined)])
 

@@ -43,7 +43,7 @@ from dynamo_relational.ops.facts import writes
 from dynamo_relational.ops.aggregate import aggregate
 
 from .context import PassContext
-from .gather_nodes import constant_value, names_rows
+from .gather_nodes import add_constant, constant_value, names_rows
 from .postpone_gathers import row_wise_in
 
 
@@ -75,10 +75,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 row = TensorInfo(info.shape[1:], info.dtype, info.device)
                 rows = []
                 for row_terms in terms:
-                    rows.append(new_node(graph, "call_function", aggregate, (row_terms, "sum"), {}) if row_terms else
-                                new_node(graph, "call_function", torch.zeros, (row.shape,),
-                                         {"dtype": row.dtype, "device": row.device}))
-                    rows[-1].meta.update(meta, rel_info=row)
+                    if row_terms:
+                        rows.append(new_node(graph, "call_function", aggregate, (row_terms, "sum"), {}))
+                        rows[-1].meta.update(meta, rel_info=row)
+                    else:
+                        rows.append(_zeros_row(gm, row, kinds))
             stacked = new_node(graph, "call_function", torch.stack, (rows,), {})
         stacked.meta.update(meta, rel_info=tensor_info(node))
         node.replace_all_uses_with(stacked)
@@ -88,6 +89,16 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
         rewritten += 1
     ctx.stats["constant_indices"] = rewritten
     return gm
+
+
+def _zeros_row(gm: fx.GraphModule, row: TensorInfo, kinds: dict[Any, Any]) -> fx.Node:
+    """A row of zeros like ``row``, the sum of no messages: a constant of the sample's trace, one for all such rows
+    (in a union each sample's own, as its other rows are: a factory would be one value shared by the samples)."""
+    key = ("zeros", row)
+    if key not in kinds:
+        kinds[key] = add_constant(gm, torch.zeros(row.shape, dtype=row.dtype, device=row.device), "zeros")
+        kinds[key].meta["rel_info"] = row
+    return kinds[key]
 
 
 def _read_by_index(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Tensor] | None:

@@ -15,7 +15,9 @@ groups across the samples of a union as the rows of any other value do).
 Folds each op of the catalog that neither writes nor draws random numbers,
 reads only constant values (deterministic factories without tensor operands,
 ``torch.ones(E)``; forward constants, ``_tensor_constant*``: tensors
-``forward`` built from Python values; ops of those) and follows the sample's
+``forward`` built from Python values; constants the passes added, such as
+``constant_indices``' row of zeros for a node without messages; ops of
+those) and follows the sample's
 structure: it picks a row by a constant index (``ones[e]``) or reads a
 forward constant or a value folded before. A value becomes a constant where
 a node that is not folded reads it (a row of one, ``counts[v]``, stays a read
@@ -44,7 +46,7 @@ from dynamo_relational.ops.elementwise import draws_random_numbers
 from dynamo_relational.ops.facts import is_factory, is_forward_constant, writes
 
 from .context import PassContext
-from .gather_nodes import add_constant, constant_value
+from .gather_nodes import add_constant, constant_value, is_added_constant
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
@@ -58,10 +60,11 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     for node in graph.nodes:
         op = node.op
         if op == "get_attr":
-            value = constant_value(gm, node) if is_forward_constant(node) else None
+            value = constant_value(gm, node) if is_forward_constant(node) or is_added_constant(node) else None
             if value is not None:
                 values[node] = value
-                folded[node] = None
+                if is_forward_constant(node):   # (a pass's constant, such as a row of zeros, follows no structure)
+                    folded[node] = None
             continue
         if op != "call_function" and op != "call_method":
             continue

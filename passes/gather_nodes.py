@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -86,9 +87,18 @@ def constant_value(gm: fx.GraphModule, node) -> torch.Tensor | None:
     return None
 
 
+#: the prefix of the names of the constants the passes add (:func:`add_constant`)
+CONSTANT_PREFIX = "_relational_"
+
+
+def is_added_constant(node: Any) -> bool:
+    """Whether ``node`` reads a constant a pass added (:func:`add_constant`), never a model's parameter or buffer."""
+    return isinstance(node, fx.Node) and node.op == "get_attr" and str(node.target).startswith(CONSTANT_PREFIX)
+
+
 def add_constant(gm: fx.GraphModule, tensor: torch.Tensor, hint: str) -> fx.Node:
     """A new buffer of ``gm`` and the get_attr node that reads it (inserted before the first compute node)."""
-    name = f"_relational_{hint}_r{next(_names)}"
+    name = f"{CONSTANT_PREFIX}{hint}_r{next(_names)}"
     while hasattr(gm, name):
         name = f"_relational_{hint}_r{next(_names)}"
     gm.register_buffer(name, tensor, persistent=False)

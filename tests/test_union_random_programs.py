@@ -91,16 +91,8 @@ def _samples(seed: int) -> list[tuple]:
         samples.append((torch.randn(n, WIDTH, dtype=torch.float64, generator=generator),
                         torch.randn(n, WIDTH, dtype=torch.float64, generator=generator),
                         torch.where(labels >= 0, labels, -100),
-                        _edges(n, rng.randint(0, n), generator)))
+                        torch.randint(0, n, (rng.randint(1, 2 * n), 2), generator=generator)))
     return samples
-
-
-def _edges(n: int, more: int, generator: torch.Generator) -> torch.Tensor:
-    """``[E, 2]`` edges of a graph of ``n`` nodes, each node the target of one or more (a node without messages
-    sums to a row of zeros that no sample owns in a union: ops of it beside the sample's rows can leave a
-    program one by one, tested apart in test_batching.py)."""
-    targets = torch.cat([torch.arange(n), torch.randint(0, n, (more,), generator=generator)])
-    return torch.stack([torch.randint(0, n, (len(targets),), generator=generator), targets], 1)
 
 
 def _check(program, seed):
