@@ -645,10 +645,7 @@ class _Analysis:
                 derived = source.owner[index]
             elif not bool((offsets[1:] == offsets[:-1]).any()):     # (an empty segment reads no sample)
                 derived = source.owner[index[offsets[:-1]] if index is not None else offsets[:-1]]
-        reduced_into = None if derived is not None and bool((derived >= 0).all()) else self._reduced_into(node)
-        if reduced_into is not None:   # (a shared row, the zeros of a node without messages, in a sample's sum)
-            out = self.rows_of(reduced_into)
-        elif derived is not None and bool((derived >= 0).all()):
+        if derived is not None and bool((derived >= 0).all()):
             out = self.rows_of(derived)
         else:   # the grouping's tags (rows of shared values read for the samples' rows)
             out = self._tagged_rows(node if ROW_SAMPLES in node.meta else _tagged_reader(node))
@@ -659,21 +656,6 @@ class _Analysis:
             if not numpy.array_equal(numpy.where(read == -1, out.owner[segment_of], read), out.owner[segment_of]):
                 raise Refused(f"{_describe(node)} reads rows of other samples")
         return out
-
-    def _reduced_into(self, node: fx.Node) -> numpy.ndarray | None:
-        """The sample of each row of ``node`` where its one reader reduces its rows by segments tagged with
-        their samples (each row belongs to the sample its segment does), else None."""
-        reader = next(iter(node.users)) if len(node.users) == 1 else None
-        if reader is None or reader.target is not _SEGMENT_REDUCE or reader.args[0] is not node \
-                or cast(fx.Node, reader.args[1]).op != "get_attr":   # (its offsets, visited after ``node``)
-            return None
-        tags = reader.meta.get(ROW_SAMPLES)
-        if tags is None or any(s is None for s in tags):
-            return None
-        offsets = _attribute(self.gm, cast(str, cast(fx.Node, reader.args[1]).target)).long().cpu().numpy()
-        if len(offsets) != len(tags) + 1 or int(offsets[0]) != 0 or int(offsets[-1]) != _static_info(node).shape[0]:
-            return None
-        return numpy.repeat(numpy.asarray(tags, dtype=numpy.int64), offsets[1:] - offsets[:-1])
 
     # -- the batch graph --------------------------------------------------------
     def _plan(self, outputs: list[Rows]) -> RowPlan:

@@ -17,11 +17,10 @@ reads only constant values (deterministic factories without tensor operands,
 ``torch.ones(E)``; forward constants, ``_tensor_constant*``: tensors
 ``forward`` built from Python values; constants the passes added, such as
 ``constant_indices``' row of zeros for a node without messages; ops of
-those) and follows the sample's
-structure: it picks a row by a constant index (``ones[e]``) or reads a
-forward constant or a value folded before. A value becomes a constant where
-a node that is not folded reads it (a row of one, ``counts[v]``, stays a read
-of that row). Values of the shapes alone
+those) and follows the sample's structure: it picks a row by a constant
+index (``ones[e]``) or reads a forward constant or a value folded before. A
+value becomes a constant where a node that is not folded reads it (a row of
+one, ``counts[v]``, stays a read of that row). Values of the shapes alone
 (``torch.zeros(1, d).sum(0)``) are left as they are: a union computes each
 of them once for all its samples, where a constant would be each sample's.
 

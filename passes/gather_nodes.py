@@ -100,7 +100,7 @@ def add_constant(gm: fx.GraphModule, tensor: torch.Tensor, hint: str) -> fx.Node
     """A new buffer of ``gm`` and the get_attr node that reads it (inserted before the first compute node)."""
     name = f"{CONSTANT_PREFIX}{hint}_r{next(_names)}"
     while hasattr(gm, name):
-        name = f"_relational_{hint}_r{next(_names)}"
+        name = f"{CONSTANT_PREFIX}{hint}_r{next(_names)}"
     gm.register_buffer(name, tensor, persistent=False)
     first = next(n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr"))
     with gm.graph.inserting_before(first):
