@@ -116,6 +116,7 @@ class MoleculeEdgeGCN(MoleculeGCN):
             h = torch.relu(sums.index_add(0, dst, h[src] @ conv.weight.t()) + conv.bias)
         return torch.sigmoid(self.readout(h.mean(0)))
 
+
 class MoleculeGIN(nn.Module):
     """Graph isomorphism layers (``h_v = MLP(sum of h_u over v's in-neighbours, v itself included)``), sum
     pooling and a sigmoid readout, for one molecule."""

@@ -24,6 +24,7 @@ from examples.per_sample import MODELS, TreeLSTM, TreeRNN, dataset
 from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager,
                            assert_shuffled_batches_match_eager, traced_per_sample, warnings_logged)
 
+
 @pytest.mark.parametrize("kind", sorted(MODELS))
 def test_shuffled_batches_equal_eager_and_later_epochs_only_assemble(kind):
     torch.manual_seed(0)
@@ -254,6 +255,7 @@ def test_auto_max_union_nodes_fits_the_unions_into_the_memory_available(monkeypa
 def test_a_bad_max_union_nodes_is_refused_by_name(bound):
     with pytest.raises(dynamo_relational.OptionsError, match="max_union_nodes"):
         dynamo_relational.batch(TreeRNN(4), max_union_nodes=bound)
+
 
 def test_a_batch_of_shallow_trees_skips_the_levels_only_deeper_trees_have():
     """The union computes every level of its deepest tree; a batch of smaller trees runs code, made when the
@@ -622,6 +624,7 @@ def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
     batched = assert_shuffled_batches_match_eager(OneGraph().double(), graphs)
     assert batched.report.union_nodes[1] < 60, batched.report
 
+
 def test_graphs_of_one_shape_with_other_edges_are_other_structures():
     """Two graphs of the same sizes whose edges differ never share a trace: each runs with its own edges."""
     model = _EdgeIndexGCN("h[src]")
@@ -652,6 +655,7 @@ def test_labels_that_index_within_each_row_stay_inputs():
     assert_batches_match_eager(batched, model, graphs[::-1])
     assert batched.report.structures == 2, batched.report
 
+
 def test_token_ids_that_index_a_shared_table_stay_inputs():
     class Bag(nn.Module):
         def __init__(self):
@@ -667,6 +671,7 @@ def test_token_ids_that_index_a_shared_table_stay_inputs():
     assert_batches_match_eager(batched, model, bags, through_union=False)
     assert_batches_match_eager(batched, model, bags[::-1])
     assert batched.report.structures == 2, batched.report   # (one per length: the ids are values)
+
 
 class _RowsOfTwoValues(nn.Module):
     """Per-graph code over all of a graph's nodes at once, combining two values with a row per node: a layer's
@@ -744,6 +749,7 @@ def test_a_loss_whose_target_broadcasts_over_the_input_still_matches_eager():
         assert_batches_match_eager(batched, model, data, through_union=False)
         assert_batches_match_eager(batched, model, data[::-1], through_union=False)
 
+
 def test_values_whose_rows_differ_from_sample_to_sample_are_not_combined_row_by_row():
     """``y`` has one row in some samples (it broadcasts over ``x``'s rows there) and as many as ``x`` in others:
     no op over all rows computes that, so the samples run one by one, as eager."""
@@ -754,6 +760,7 @@ def test_values_whose_rows_differ_from_sample_to_sample_are_not_combined_row_by_
     assert_batches_match_eager(batched, model, data, through_union=False)
     assert_batches_match_eager(batched, model, data[::-1], through_union=False)
     assert batched.report.unbatched > 0
+
 
 def test_a_result_read_as_a_whole_per_sample_runs_the_samples_one_by_one():
     """Prefix sums over a sample's rows: one op on the union's joined rows would mix the samples."""
@@ -1332,7 +1339,6 @@ def test_activations_written_in_place_group_in_a_union(view):
         (0 if view else 1)
 
 
-
 class _WritesInPlaceWhenOdd(nn.Module):
     """Samples ``(n, x)``: odd ``n`` write into a value read before the write, which keeps the sample's order
     (its structure cannot join a union)."""
@@ -1359,6 +1365,7 @@ def test_structures_refused_on_their_own_run_with_the_model_beside_a_union_of_th
     assert batched.report.groupings == 1 and batched.report.eager_samples == 3, batched.report
     assert "keeps its order" in batched.report.unbatched_reason
     assert_batches_match_eager(batched, model, samples[::2])   # (the even ones: all from the union)
+
 
 class _NormedNodes(nn.Module):
     """``nn.LayerNorm`` per node; ``whole`` also normalizes the stack of all nodes' states (across rows)."""
