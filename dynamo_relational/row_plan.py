@@ -40,6 +40,7 @@ from torch.fx.operator_schemas import normalize_function
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from dynamo_relational.kernels.gather_reduce import unpack_csr
+from dynamo_relational.passes.gather_nodes import is_added_constant
 from dynamo_relational.passes.vectorize import ROW_SAMPLES, SAMPLE
 
 from .assembly import Assembly
@@ -347,7 +348,7 @@ class _Analysis:
             self.rows[node] = self.rows_of(owner)
         for node in graph.nodes:
             if node.op == "get_attr":
-                (self.index_nodes if node.target.startswith("_relational_") else self.shared).add(node)
+                (self.index_nodes if is_added_constant(node) else self.shared).add(node)
             elif node.op in ("call_function", "call_method"):
                 self._visit(node)
         output = next(iter(graph.find_nodes(op="output")))

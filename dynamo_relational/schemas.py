@@ -22,6 +22,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
+from dynamo_relational.passes.gather_nodes import is_added_constant
+
 from .backend import choose_executor, compile_static, inductor_mode, without_autograd_cache_if_tagged
 from .ops import REGISTRY
 from .ops.elementwise import ELEMENTWISE
@@ -99,7 +101,7 @@ def lift(gm: fx.GraphModule) -> Lifted | None:
                 return None
             attrs[node.target] = len(values)
             values.append(value)
-            made.append(node.target.startswith("_relational_"))
+            made.append(is_added_constant(node))
         elif _takes_sizes(node):
             fx.node.map_aggregate((node.args, node.kwargs), collect)
 

@@ -21,6 +21,7 @@ import torch.fx as fx
 from dynamo_relational.ops.facts import writes
 
 from .context import PassContext
+from .gather_nodes import CONSTANT_PREFIX
 from .mode_regions import is_mode_switch
 from .vectorize import MAY_HAVE_EFFECTS
 
@@ -64,7 +65,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
     graph.eliminate_dead_code(is_impure_node=lambda n: n.is_impure() or writes(n) or is_mode_switch(n)
                               or MAY_HAVE_EFFECTS in n.meta)
     used = {n.target for n in graph.nodes if n.op == "get_attr"}
-    for name in [name for name, _ in gm.named_buffers() if name.startswith("_relational_") and name not in used]:
+    for name in [name for name, _ in gm.named_buffers() if name.startswith(CONSTANT_PREFIX) and name not in used]:
         delattr(gm, name)
     graph.lint()
     gm.recompile()

@@ -39,7 +39,7 @@ import torch.fx as fx
 from dynamo_relational.nodes import meta_without_value, new_node
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
-from dynamo_relational.ops.facts import writes
+from dynamo_relational.ops.facts import is_zeros, writes
 from dynamo_relational.ops.aggregate import aggregate
 
 from .context import PassContext
@@ -176,15 +176,12 @@ def _column(gm: fx.GraphModule, index: Any, m: Any, z: Any) -> torch.Tensor | No
 
 def _zeros(z: fx.Node, gm: fx.GraphModule | None = None) -> bool:
     """Whether ``z`` is a new tensor of zeros (``torch.zeros(n, d)``, ``torch.zeros_like(h)``,
-    ``h.new_zeros(n, d)``, or such a call the trace made a constant of, in ``gm``)."""
-    if gm is not None and z.op == "get_attr":
-        value = constant_value(gm, z)
+    ``h.new_zeros(n, d)``; not one that requires gradients), or, in ``gm``, a constant of zeros the trace made of
+    such a call."""
+    if z.op == "get_attr":
+        value = constant_value(gm, z) if gm is not None else None
         return value is not None and not bool(value.any())
-    if not set(z.kwargs) <= {"dtype", "device", "layout"}:
-        return False
-    return (z.op == "call_function" and (z.target is torch.zeros or (z.target is torch.zeros_like
-                                                                     and len(z.args) == 1))) \
-        or (z.op == "call_method" and z.target == "new_zeros")
+    return is_zeros(z) and set(z.kwargs) <= {"dtype", "device", "layout"}
 
 
 def _erase_unread(graph: fx.Graph, nodes: list[fx.Node]) -> None:

@@ -51,6 +51,7 @@ from dynamo_relational.ops import tensor_info
 
 from . import absorb_gathers, cleanup, commute_linear, compose_gathers, fuse_linear, postpone_gathers, simplify_gathers
 from .context import PassContext
+from .gather_nodes import is_added_constant
 
 #: at most this many distinct graphs are costed per compilation
 MAX_GRAPHS = 200
@@ -141,7 +142,7 @@ class _Signatures:
         position, parts = {}, []
         for i, node in enumerate(gm.graph.nodes):
             position[node] = i
-            if node.op == "get_attr" and node.target.startswith("_relational_"):
+            if is_added_constant(node):
                 value = getattr(gm, node.target)
                 parts.append(("constant", tuple(value.shape), value.dtype, self._digest(value)))
             else:
