@@ -334,6 +334,8 @@ class BatchedModule(nn.Module):
         self._caches: dict[tuple, _Cache] = {}
         self._cache = _Cache()
         self._canonical: dict[_Key, _Key] = {}
+        #: which records of a trace collate, by its shapes' pattern (``union.prepare``)
+        self._collations: dict[Hashable, frozenset[int] | None] = {}
         #: the paths (``argument 1``, ``argument 0._store['edge_index']``) of the integer tensors that ``forward``
         #: reads in Python (``edge_index.tolist()``): structure, compared by value and kept by each trace, not inputs
         self._by_value: set[str] = set()
@@ -462,7 +464,7 @@ class BatchedModule(nn.Module):
                 raise _ReadByValue(paths) from e
             raise
         try:
-            graph = prepare(traced.graph, traced.out_spec, traced.constants, self.options)
+            graph = prepare(traced.graph, traced.out_spec, traced.constants, self.options, self._collations)
         except NotBatchable as e:
             return _Structure(None, str(e)), traced.result
         return _Structure(graph), traced.result

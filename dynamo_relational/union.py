@@ -31,6 +31,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence, cast
 
+import numpy
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -39,11 +40,14 @@ from torch.utils import _pytree as pytree
 
 from dynamo_relational.passes import PIPELINE, Pass, PassContext
 from dynamo_relational.passes.cse import value_key
-from dynamo_relational.passes.gather_nodes import names_rows
+from dynamo_relational.passes.gather_nodes import CONSTANT_PREFIX, names_rows
 from dynamo_relational.passes.postpone_gathers import row_wise_in
-from dynamo_relational.passes.vectorize import JOINED_OUTPUT, SAMPLE
+from dynamo_relational.kernels.gather_reduce import pack_csr
+from dynamo_relational.passes.vectorize import JOINED_OUTPUT, ROW_SAMPLES, SAMPLE
 
 from .backend import run_pass
+from .collation import (ProgramRows, Slot as _Slot, collate, index_readers, own_constant, program_key,
+                        reads_by_constants, record_info, trial_key)
 from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.aggregate import REDUCTIONS, aggregate
@@ -54,6 +58,9 @@ from .ops.facts import is_factory
 from .options import Options
 from .progress import NONE as NO_PROGRESS, CompileProgress
 from .row_plan import elementwise_mixing, flat_nodes, works_within_rows
+
+_GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
+_SEGMENT_REDUCE = torch.ops.dynamo_relational.segment_reduce.default
 
 #: the passes that rewrite one sample's trace on its own, before the union (no grouping yet)
 SAMPLE_PASSES = tuple(PIPELINE[:[p.name for p in PIPELINE].index("grouping")])
@@ -82,11 +89,6 @@ class NotBatchable(Exception):
 _NO_KWARGS: dict[str, Any] = fx.immutable_collections.immutable_dict()
 
 
-class _Slot(int):
-    """In a :class:`SampleGraph`'s records, an argument that is the value of the record at this position."""
-    __slots__ = ()
-
-
 @dataclass
 class SampleGraph:
     """One sample structure's trace, after :data:`SAMPLE_PASSES`, kept compact: a batched module keeps every
@@ -105,23 +107,134 @@ class SampleGraph:
     output_shapes: tuple[tuple[int, ...], ...]
     #: per tensor argument: whether it is read as a whole (a target vector), not only row by row (``x[v]``)
     read_whole: tuple[bool, ...]
+    #: the records that run once for all samples of its program, on their rows joined
+    #: (:mod:`~dynamo_relational.collation`), and that program; none for most traces
+    collated: frozenset[int] = frozenset()
+    program: Hashable | None = None
 
 
 def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any],
-            options: Options) -> SampleGraph:
-    """A sample's trace after :data:`SAMPLE_PASSES`; :class:`NotBatchable` if they must keep its order."""
+            options: Options, collations: dict[Hashable, frozenset[int] | None] | None = None) -> SampleGraph:
+    """A sample's trace after :data:`SAMPLE_PASSES`; :class:`NotBatchable` if they must keep its order.
+
+    Where the trace reads rows by its own index constants and every such read collates
+    (:mod:`~dynamo_relational.collation`), ``constant_indices`` is left out: its per-edge and per-node nodes
+    are what collation does without. Where one does not, all the passes run on the trace as it came.
+    ``collations`` keeps which records collate by :func:`~dynamo_relational.collation.trial_key`, for the
+    traces of other samples with that key (most of a data set's samples)."""
+    if reads_by_constants(graph.graph):
+        raw = _records(graph.graph)   # (the trace as it came: for all the passes, where collation does not do)
+        compact = _compact(graph, out_spec, constants, options, collations)
+        if compact is not None:
+            return compact
+        graph = _graph_module(raw, graph)
     ctx = PassContext(options, in_union=True)
     graph = run_passes(SAMPLE_PASSES, graph, ctx)
     if ctx.keep_order:
         raise NotBatchable(f"the sample's graph keeps its order: {ctx.keep_order[0]}")
+    sample = _sample_graph(graph, out_spec, constants)
+    _unlink(graph.graph)
+    return sample
+
+
+def _compact(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any], options: Options,
+             collations: dict[Hashable, frozenset[int] | None] | None) -> SampleGraph | None:
+    """The sample's trace after :data:`SAMPLE_PASSES` but ``constant_indices``, if it collates; else None."""
+    ctx = PassContext(options, in_union=True)
+    graph = run_passes([p for p in SAMPLE_PASSES if p.name != "constant_indices"], graph, ctx)
+    if ctx.keep_order:
+        return None
+    for node in graph.graph.nodes:   # (collation reads every record's shape)
+        tensor_info(node)
+    sample = _sample_graph(graph, out_spec, constants)
+    _unlink(graph.graph)
+    key = trial_key(sample) if collations is not None else None
+    if collations is None or key not in collations:
+        collated = _collates(sample)
+        if collations is not None:
+            if len(collations) >= _COLLATIONS_KEPT:
+                collations.clear()
+            collations[key] = collated
+    else:
+        collated = collations[key]
+    if collated is None:
+        return None
+    sample.collated = collated
+    sample.program = program_key(sample, collated)
+    sample.read_whole = _read_whole(sample.records, collated | _unneeded(sample.records, collated))
+    return sample
+
+
+def _graph_module(records: Sequence[tuple], root: fx.GraphModule) -> fx.GraphModule:
+    """A graph module of ``records`` (as :func:`_records` made them) over ``root``'s attributes."""
+    graph = fx.Graph()
+    nodes: list[fx.Node] = []
+    for op, target, args, kwargs, name, meta in records:
+        args, kwargs = fx.node.map_aggregate((args, kwargs), lambda a: nodes[a] if type(a) is _Slot else a)
+        node = graph.output(args[0]) if op == "output" else new_node(graph, op, target, args, dict(kwargs), name)
+        node.meta.update(meta)
+        nodes.append(node)
+    return _LazyGraphModule(root, graph)
+
+
+#: how many outcomes of :func:`_collates` a batched module keeps
+_COLLATIONS_KEPT = 4096
+
+
+def _sample_graph(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any]) -> SampleGraph:
     attrs = {str(n.target): _attribute(graph, str(n.target)) for n in graph.graph.find_nodes(op="get_attr")}
     inputs = tuple(_tensor_info(n) for n in graph.graph.find_nodes(op="placeholder"))
     output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
     shapes = tuple(_tensor_info(leaf).shape for leaf in output.args[0])
-    read_whole = _read_whole(graph.graph)
     records = _records(graph.graph)
-    _unlink(graph.graph)
-    return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, read_whole)
+    return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, _read_whole(records))
+
+
+def _collates(sample: SampleGraph) -> frozenset[int] | None:
+    """The records of ``sample`` that collate, if every read and sum by its own index constants does and no other
+    record reads what they make otherwise than a union reads a sample's rows (a reduction over them, a row, a
+    loss of them); else None. Built as a union of this sample alone would be: its program's union collates the
+    same records."""
+    graph = fx.Graph()
+    shared = _Shared({t: v for t, v in sample.attrs.items() if not own_constant(t)})
+    inputs, layouts = [], []
+    for j, info in enumerate(sample.inputs):
+        layouts.append("cat" if info.shape else "stack")
+        inputs.append(graph.placeholder(f"input{j}"))
+        inputs[-1].meta["rel_info"] = info if info.shape else TensorInfo((1,), info.dtype, info.device)
+        if info.shape:
+            shared.row_class[inputs[-1]] = ProgramRows((0,), (info.shape[0],))
+    joined = collate(graph, shared, [(0, sample)],
+                     [x if layout == "cat" else None for x, layout in zip(inputs, layouts)], [[0]] * len(inputs), True,
+                     tried=True)
+    collated = frozenset(joined)
+    unneeded = _unneeded(sample.records, collated)
+    if not joined or any(i not in joined for i in index_readers(sample.records, unneeded)):
+        return None
+    whole_reads: list[int] = []
+    rows = {i: (node, 0, counts[0]) for i, (node, counts) in joined.items()}
+    _copy_sample(graph, sample, 0, inputs, tuple(layouts), [0] * len(inputs), shared, rows, unneeded, whole_reads)
+    return None if whole_reads else collated
+
+
+def _unneeded(records: Sequence[tuple], collated: frozenset[int]) -> frozenset[int]:
+    """The records that a sample with ``collated`` records does not copy: what no output needs but through
+    collated records (the index constants, an index expanded for a scatter)."""
+    needed: set[int] = set()
+    for i in range(len(records) - 1, -1, -1):
+        op, _, args, kwargs = records[i][:4]
+        if op == "output" or (i in needed and i not in collated):
+            needed.update(flat_slots((args, kwargs)))
+    return frozenset(i for i, record in enumerate(records)
+                     if i not in needed and i not in collated and record[0] in ("get_attr", "call_function",
+                                                                                "call_method"))
+
+
+def flat_slots(tree: Any) -> list["_Slot"]:
+    """The record slots in ``tree`` (a record's arguments)."""
+    slots: list[_Slot] = []
+    fx.node.map_aggregate(tree, lambda a: slots.append(a) if type(a) is _Slot else None)
+    return slots
 
 
 #: calls that read or write rows of their first operand by an index tensor (along dim 0), and its position
@@ -170,16 +283,20 @@ def index_inputs(graph: fx.Graph) -> list[fx.Node]:
     return list(found)
 
 
-def _read_whole(graph: fx.Graph) -> tuple[bool, ...]:
-    """Which tensor arguments of a sample's ``graph`` are read otherwise than row by row (``x[v]``: the reads
-    :func:`_row_read` makes reads of the union's input)."""
-    whole = []
-    for x in graph.find_nodes(op="placeholder"):
-        shape = _tensor_info(x).shape
-        rows = shape[0] if shape else 0
-        whole.append(any(user.op != "call_function" or user.target is not operator.getitem or user.kwargs
-                         or user.args[0] is not x or _read_row(user.args[1], rows) is None for user in x.users))
-    return tuple(whole)
+def _read_whole(records: Sequence[tuple], ignored: frozenset[int] = frozenset()) -> tuple[bool, ...]:
+    """Which tensor arguments of a sample's ``records`` are read otherwise than row by row (``x[v]``: the reads
+    :func:`_row_read` makes reads of the union's input) by records but the ``ignored`` ones."""
+    rows = {i: (info.shape[0] if (info := record_info(r)) is not None and info.shape else 0)
+            for i, r in enumerate(records) if r[0] == "placeholder"}
+    whole = dict.fromkeys(rows, False)
+    for i, (op, target, args, kwargs, _, _) in enumerate(records):
+        if i in ignored:
+            continue
+        for x in flat_slots((args, kwargs)):
+            if x in whole and (op != "call_function" or target is not operator.getitem or kwargs or args[0] != x
+                               or len(args) != 2 or _read_row(args[1], rows[x]) is None):
+                whole[x] = True
+    return tuple(whole.values())
 
 
 def _records(graph: fx.Graph) -> tuple[tuple, ...]:
@@ -267,14 +384,20 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
         rest = row.shape[1:] if layout == "cat" else row.shape
         node.meta["rel_info"] = TensorInfo((rows, *rest), row.dtype, row.device)
         if layout == "cat":
-            shared.row_class[node] = tuple(s.inputs[j].shape[0] for s in samples)
+            shared.row_class[node] = ProgramRows(tuple(range(len(samples))),
+                                                 tuple(s.inputs[j].shape[0] for s in samples))
         union_inputs.append(node)
+    starts = [numpy.cumsum([s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples]).tolist()
+              for j, layout in enumerate(inputs_layout)]
+    collated, unneeded = _collated(graph, samples, shared, [x if layout == "cat" else None for x, layout in
+                                                            zip(union_inputs, inputs_layout)], starts)
     leaves: list[list[fx.Node]] = []
     offsets = [0] * len(inputs_layout)
     for s, sample in enumerate(samples):
         if s % _SHOWN_EVERY == 0:
             progress.start(f"union: {s:,} of {len(samples):,} structures")
-        leaves.append(_copy_sample(graph, sample, s, union_inputs, inputs_layout, offsets, shared))
+        leaves.append(_copy_sample(graph, sample, s, union_inputs, inputs_layout, offsets, shared,
+                                   collated.get(s, {}), unneeded.get(sample.program, frozenset())))
         for j, layout in enumerate(inputs_layout):
             offsets[j] += sample.inputs[j].shape[0] if layout == "cat" else 1
     outputs_layout = []
@@ -298,6 +421,34 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
     return _LazyGraphModule(shared.attrs, graph), Layout(inputs_layout, tuple(outputs_layout))
 
 
+def _collated(graph: fx.Graph, samples: Sequence[SampleGraph], shared: "_Shared", inputs: list[fx.Node | None],
+              starts: list[list[int]]) -> tuple[dict[int, dict[int, tuple[fx.Node, int, int]]],
+                                                dict[Hashable, frozenset[int]]]:
+    """Each program's collated records (:mod:`~dynamo_relational.collation`), made in ``graph``: per sample, its
+    rows of them (record -> (union value, first row, rows)); and per program, the records its samples do not
+    copy. ``starts[j]``: the end of each sample's rows of input ``j``."""
+    programs: dict[Hashable, list[int]] = {}
+    for s, sample in enumerate(samples):
+        if sample.program is not None:
+            programs.setdefault(sample.program, []).append(s)
+    rows: dict[int, dict[int, tuple[fx.Node, int, int]]] = {}
+    unneeded = {}
+    for program, members in programs.items():
+        first = [[ends[s] - samples[s].inputs[j].shape[0] if inputs[j] is not None else 0 for s in members]
+                 for j, ends in enumerate(starts)]
+        joined = collate(graph, shared, [(s, samples[s]) for s in members], inputs, first,
+                         len(members) == len(samples))
+        if frozenset(joined) != samples[members[0]].collated:   # (decided by the program alone, so never)
+            raise NotBatchable(f"the samples of one program collate records {sorted(joined)[:5]} where one "
+                               f"sample collates {sorted(samples[members[0]].collated)[:5]}")
+        for k, s in enumerate(members):
+            rows[s] = {}
+            for i, (node, counts) in joined.items():
+                rows[s][i] = (node, sum(counts[:k]), counts[k])
+        unneeded[program] = _unneeded(samples[members[0]].records, samples[members[0]].collated)
+    return rows, unneeded
+
+
 @dataclass
 class _Shared:
     """What the samples of a union share: the parameters' nodes, and each value computed from parameters alone
@@ -314,9 +465,18 @@ class _Shared:
     nodes: set[fx.Node] = field(default_factory=set)
     #: the key of a row-wise op of a union value (``self.lin(x)`` of the samples' joined ``x``) -> its node
     union_rows: dict[Hashable, fx.Node] = field(default_factory=dict)
-    #: a union value with rows of samples (a joined input, a row-wise op of one) -> its rows' class: values of
-    #: one class have as many rows of each sample, at the same places (so a row-wise op may read several)
-    row_class: dict[fx.Node, Hashable] = field(default_factory=dict)
+    #: a union value with rows of samples (a joined input, a row-wise op of one, a program's collated value)
+    #: -> its rows' class: values of one class have as many rows of each sample, at the same places (so a
+    #: row-wise op may read several)
+    row_class: dict[fx.Node, ProgramRows] = field(default_factory=dict)
+    #: (union value, reduction) -> that reduction of each sample's rows of it (:func:`_aggregated_rows`)
+    reductions: dict[tuple[fx.Node, str], tuple[fx.Node, dict[int, int]]] = field(default_factory=dict)
+
+    def segments_of(self, node: fx.Node) -> tuple[Sequence[int], Sequence[int]] | None:
+        """The samples with rows in union value ``node``, and their rows, in order (None for values of no
+        :attr:`row_class`)."""
+        rows = self.row_class.get(node)
+        return (rows.samples, rows.counts) if isinstance(rows, ProgramRows) else None
 
     def attribute(self, graph: fx.Graph, sample: SampleGraph, s: int, target: str, meta: tuple) -> fx.Node:
         """The union's node for sample ``s``'s ``get_attr`` of ``target`` (with ``meta``): a parameter's is
@@ -345,13 +505,17 @@ class _Shared:
 
 
 def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: list[fx.Node], layouts: tuple[str, ...],
-                 offsets: list[int], shared: _Shared) -> list[fx.Node]:
+                 offsets: list[int], shared: _Shared, collated: dict[int, tuple[fx.Node, int, int]] | None = None,
+                 unneeded: frozenset[int] = frozenset(), whole_reads: list[int] | None = None) -> list[fx.Node]:
     """Copy sample ``s`` into ``graph``; returns its output leaves there.
 
     A sample's tensor argument joined along dim 0 with the others' is its rows of the union's input, and a
     row-wise op of it (``self.lin(x)``, ``torch.relu`` of that) is its rows of that op on the union's input,
     made once for all samples (the per-node code that follows reads rows of it, ``h[v]``: rows of one value
-    that grouping gathers, as it gathers the rows of the input). Read otherwise, those rows are a slice."""
+    that grouping gathers, as it gathers the rows of the input). Read otherwise, those rows are a slice.
+    The ``collated`` records are the sample's rows of its program's union values, and the ``unneeded`` ones
+    are not copied; a collated value read whole is added to ``whole_reads``."""
+    collated = collated or {}
     env: list[fx.Node | None] = []   # by record
     placeholders: dict[int, int] = {}   # record -> argument position
     whole: dict[int, fx.Node] = {}
@@ -363,6 +527,8 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
         if type(arg) is not _Slot:
             return arg
         if arg in rows_of:   # read as a whole: a slice of the union value
+            if whole_reads is not None and arg in collated:
+                whole_reads.append(arg)
             if arg not in whole:
                 union_value, first, n = rows_of[arg]
                 whole[arg] = graph.call_function(operator.getitem, (union_value, slice(first, first + n)))
@@ -379,6 +545,13 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
         return whole[arg]
 
     for i, (op, target, args, kwargs, name, meta) in enumerate(sample.records):
+        if i in collated:
+            rows_of[i] = collated[i]
+            env.append(None)
+            continue
+        if i in unneeded:
+            env.append(None)
+            continue
         if op == "placeholder":
             j = placeholders[i] = len(placeholders)
             if layouts[j] == "cat":
@@ -404,7 +577,7 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
                 env.append(None)
                 continue
             # (a name of its own: fx's search for a free one grows with the copies of the same name)
-            new = _reduced_rows(graph, op, target, args, kwargs, meta, rows_of, s) or \
+            new = _reduced_rows(graph, op, target, args, kwargs, meta, rows_of, s, shared) or \
                 _loss_of_rows(graph, op, target, args, kwargs, meta, rows_of, value, shared, s) or \
                 new_node(graph, op, target, *fx.node.map_aggregate((args, kwargs), value), f"{name}_s{s}")
         new.meta.update(meta)
@@ -464,7 +637,7 @@ def _rows_of_op(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
         return known, first, n
     if key is not None:
         shared.union_rows[key] = made
-    shared.row_class[made] = shared.row_class.get(union_value)
+    shared.row_class[made] = shared.row_class[union_value]
     return made, first, n
 
 
@@ -505,7 +678,7 @@ _ROW_REDUCTIONS = {**{getattr(torch, r): r for r in REDUCTIONS}, **{r: r for r i
 
 
 def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, meta: tuple,
-                  rows_of: dict[int, tuple[fx.Node, int, int]], s: int) -> fx.Node | None:
+                  rows_of: dict[int, tuple[fx.Node, int, int]], s: int, shared: "_Shared") -> fx.Node | None:
     """The aggregation of a sample's rows of a union value where a record reduces them over dim 0 (a set's
     ``self.phi(x).sum(0)``, ``h.mean(dim=0, keepdim=True)``): each row is read from the union value, as per-node
     code reads ``h[v]``, so the aggregations of all samples group as one segment reduction; None for any
@@ -530,19 +703,27 @@ def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
     union_value, first, n = rows_of[args[0]]
     if n == 0 or tensor_info(union_value) is None:
         return None
-    reduced = _aggregated_rows(graph, union_value, first, n, reduce, meta, s)
+    reduced = _aggregated_rows(graph, union_value, first, n, reduce, meta, s, shared)
     if not (every or named.get("keepdim")):
         return reduced
     return new_node(graph, "call_method", reduce if every else "unsqueeze", (reduced,) if every else (reduced, 0), {})
 
 
 def _aggregated_rows(graph: fx.Graph, union_value: fx.Node, first: int, n: int, reduce: str, meta: tuple,
-                     s: int) -> fx.Node:
+                     s: int, shared: "_Shared") -> fx.Node:
     """The ``reduce`` aggregation of rows ``first`` to ``first + n`` of ``union_value`` (sample ``s``'s), each
-    row read as per-node code reads ``h[v]``; its metadata is the rows' (``meta``'s source line)."""
+    row read as per-node code reads ``h[v]``; its metadata is the rows' (``meta``'s source line). Where the
+    union value's rows are known sample by sample (:meth:`_Shared.segments_of`), it is the sample's row of one
+    segment reduction for all samples, which grouping needs not find (nor join with another value's)."""
     whole = cast(TensorInfo, tensor_info(union_value))
     row = TensorInfo(whole.shape[1:], whole.dtype, whole.device)
     source = {k: v for k, v in meta if k == "stack_trace"}
+    segments = shared.segments_of(union_value) if whole.dtype.is_floating_point else None
+    if segments is not None:
+        reduced, position = _segment_reduction(graph, shared, union_value, segments, reduce, row, source)
+        read = new_node(graph, "call_function", operator.getitem, (reduced, position[s]), {})
+        read.meta.update(source, rel_info=row, **{SAMPLE: s})
+        return read
     terms = []
     for r in range(first, first + n):
         term = new_node(graph, "call_function", operator.getitem, (union_value, r), {})
@@ -551,6 +732,32 @@ def _aggregated_rows(graph: fx.Graph, union_value: fx.Node, first: int, n: int, 
     reduced = new_node(graph, "call_function", aggregate, (terms, reduce), {})
     reduced.meta.update(source, rel_info=row, **{SAMPLE: s})
     return reduced
+
+
+def _segment_reduction(graph: fx.Graph, shared: "_Shared", union_value: fx.Node,
+                       segments: tuple[Sequence[int], Sequence[int]], reduce: str, row: TensorInfo,
+                       source: dict) -> tuple[fx.Node, dict[int, int]]:
+    """The ``reduce`` of each sample's rows of ``union_value`` (a row per sample, in the order of ``segments``),
+    made once; and each sample's row of it."""
+    key = (union_value, reduce)
+    if key not in shared.reductions:
+        samples, counts = segments
+        offsets = numpy.zeros(len(counts) + 1, dtype=numpy.int64)
+        numpy.cumsum(counts, out=offsets[1:])
+        total = int(offsets[-1])
+        name = f"{CONSTANT_PREFIX}rows_of_each_sample_{len(shared.attrs)}"
+        if reduce in ("sum", "mean"):   # (as the vectorizer reduces: a sparse product; empty segments are zeros)
+            shared.attrs[name] = pack_csr(torch.from_numpy(offsets), torch.arange(total), total).to(row.device)
+            reduced = new_node(graph, "call_function", _GATHER_REDUCE,
+                               (union_value, graph.get_attr(name), len(counts), reduce), {})
+        else:
+            shared.attrs[name] = torch.from_numpy(offsets).to(row.device)
+            reduced = new_node(graph, "call_function", _SEGMENT_REDUCE, (union_value, graph.get_attr(name), reduce),
+                               {})
+        reduced.meta.update(source, rel_info=TensorInfo((len(counts), *row.shape), row.dtype, row.device))
+        reduced.meta[ROW_SAMPLES] = list(samples)
+        shared.reductions[key] = reduced, {s: k for k, s in enumerate(samples)}
+    return shared.reductions[key]
 
 
 def _loss_of_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, meta: tuple,
@@ -590,7 +797,7 @@ def _loss_of_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
         return None
     union_losses = made[0]
     if not (classes and reduction == "mean" and not labels_info.dtype.is_floating_point):
-        reduced = _aggregated_rows(graph, union_losses, first, n, reduction, meta, s)
+        reduced = _aggregated_rows(graph, union_losses, first, n, reduction, meta, s, shared)
         return new_node(graph, "call_method", reduction, (reduced,), {}) if len(rows_shape) > 1 else reduced
     # (index labels: eager's mean divides by the labels that are not ignore_index)
     ignored = kwargs.get("ignore_index", -100)
@@ -601,9 +808,9 @@ def _loss_of_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
         kept.meta["rel_info"] = TensorInfo(labels_info.shape, torch.bool, scores_info.device)
         counts = shared.union_rows[key] = new_node(graph, "call_method", "to", (kept, scores_info.dtype), {})
         counts.meta["rel_info"] = TensorInfo(labels_info.shape, scores_info.dtype, scores_info.device)
-        shared.row_class[counts] = shared.row_class.get(labels[0])
-    total = _aggregated_rows(graph, union_losses, first, n, "sum", meta, s)
-    counted = _aggregated_rows(graph, counts, first, n, "sum", meta, s)
+        shared.row_class[counts] = shared.row_class[labels[0]]
+    total = _aggregated_rows(graph, union_losses, first, n, "sum", meta, s, shared)
+    counted = _aggregated_rows(graph, counts, first, n, "sum", meta, s, shared)
     return new_node(graph, "call_function", operator.truediv, (total, counted), {})
 
 

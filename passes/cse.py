@@ -86,7 +86,9 @@ def _constant_key(gm: fx.GraphModule, node: fx.Node):
     if not isinstance(value, torch.Tensor) or value.requires_grad or value.is_sparse \
             or value.numel() * value.element_size() > _CONSTANT_BYTES:
         return None
-    data = value.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().tobytes()
+    # (a copy: a tensor of one element, or of none, counts as contiguous with any stride, which a byte view refuses)
+    data = value.detach().reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8).cpu().numpy()
+    data = data.tobytes()
     return ("constant", value.dtype, tuple(value.shape), value.device, data)
 
 

@@ -347,7 +347,10 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 b.gather_by_source, b.gathered = form == "gather by source", False
                 new = unique[0].family.emit(unique, b)
                 b.gather_by_source = False
-                if new is not None and (len(unique) > 1 or b.gathered):
+                # (one member alone stays as it is, but in a union where it reads a whole value of rows, a
+                # sample's only row ``u[0]`` of a one-row ``u``: a batch restricts rows read through a group)
+                alone = SAMPLE in unique[0].node.meta and new in b.size
+                if new is not None and (len(unique) > 1 or b.gathered or alone):
                     b.size[new] = len(unique)
                     info = unique[0].info
                     new.meta["rel_info"] = TensorInfo((len(unique), *info.shape), info.dtype, info.device)

@@ -166,6 +166,26 @@ def test_other_in_place_ops_leave_the_graph_ungrouped_with_a_reason():
     assert any("in-place" in reason for reason in report.ungrouped)
 
 
+class SumIntoZeros(nn.Module):
+    """Rows summed by a fixed index into a new tensor of zeros, in place (``index_add_``), between per-node code."""
+
+    def __init__(self):
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(3, 3, dtype=torch.float64))
+        self.register_buffer("index", torch.tensor([0, 1, 1, 3]))
+
+    def forward(self, x):
+        h = torch.stack([torch.tanh(self.W @ x[v]) for v in range(4)])
+        sums = torch.zeros(4, 3, dtype=x.dtype).index_add_(0, self.index, h)
+        return torch.stack([torch.relu(self.W @ sums[v]) for v in range(4)])
+
+
+def test_a_sum_of_rows_into_new_zeros_in_place_is_the_plain_sum_and_the_rest_groups():
+    report = assert_compiled_matches_eager(SumIntoZeros(), torch.randn(4, 3, dtype=torch.float64), inductor=False)
+    assert report.nodes_after < report.nodes_before
+    assert not any("in-place" in reason for reason in report.ungrouped), report.ungrouped
+
+
 class SumAcrossAWrite(nn.Module):
     """``s = a + b``, then ``a`` is written in place, then ``r = s + c``: one sum tree around a write.
     ``t = a + 0`` (a sum of one term) is then written in place too: it is a new tensor, not ``a``."""

@@ -396,7 +396,12 @@ def is_forward_constant(node: Any) -> bool:
     """Whether ``node`` reads a tensor that ``forward`` built from Python values alone (``torch.tensor([w])``),
     recorded as a constant of the graph; a model's parameters and buffers never are."""
     return isinstance(node, fx.Node) and node.op == "get_attr" and isinstance(node.target, str) \
-        and _FORWARD_CONSTANT.match(node.target) is not None
+        and is_forward_constant_name(node.target)
+
+
+def is_forward_constant_name(target: str) -> bool:
+    """Whether a get_attr of ``target`` reads a tensor that ``forward`` built from Python values alone."""
+    return _FORWARD_CONSTANT.match(target) is not None
 
 
 def is_zeros(node: Any) -> bool:

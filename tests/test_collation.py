@@ -1,0 +1,117 @@
+"""Per-graph tensor code over an edge index, run once for all the samples of a union on their rows joined
+(``dynamo_relational/collation.py``): each trace stays a few tensor ops, the union runs them as PyG runs a
+batch, and every sample's results and gradients are eager's."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dynamo_relational
+from tests.helpers import assert_batches_match_eager, assert_shuffled_batches_match_eager
+
+
+class EdgeConv(nn.Module):
+    """One message-passing layer over ``edges`` (``[2, E]``: ``src, dst``) and a readout: ``h[src] @ W.t()``
+    summed into the targets, written as per-graph code writes it (``style``)."""
+
+    def __init__(self, style: str = "index_add", readout: str = "mean"):
+        super().__init__()
+        self.style, self.readout = style, readout
+        self.lin, self.msg = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x, edges):
+        src, dst = edges
+        h = self.lin(x)
+        m = (h.index_select(0, src) if self.style == "index_select" else h[src]) @ self.msg.weight.t()
+        if self.style == "scatter_add_":   # (PyG's sum of messages)
+            out = h.new_zeros(h.shape).scatter_add_(0, dst.view(-1, 1).expand_as(m), m)
+        elif self.style == "onto h":
+            out = h.index_add(0, dst, m)
+        else:
+            out = torch.zeros_like(h).index_add(0, dst, m)
+        return getattr(torch.relu(out + self.msg.bias), self.readout)(0)
+
+
+def _graphs(sizes=(3, 4, 2, 5, 3, 4, 1), seed: int = 0) -> list[tuple]:
+    """Graphs of ``sizes`` nodes with random edges (one of a single edge, one of none)."""
+    generator = torch.Generator().manual_seed(seed)
+    graphs = []
+    for k, n in enumerate(sizes):
+        edges = n + 1 if k % 3 else 1
+        graphs.append((torch.randn(n, 3, dtype=torch.float64, generator=generator),
+                       torch.randint(0, n, (2, edges if n > 1 else 0), generator=generator)))
+    return graphs
+
+
+def _collated(batched) -> list[bool]:
+    return [bool(s.graph.collated) for s in batched._cache.structures.values() if s.graph is not None]
+
+
+@pytest.mark.parametrize("style", ["index_add", "index_select", "scatter_add_", "onto h"])
+@pytest.mark.parametrize("readout", ["mean", "amax"])
+def test_per_graph_code_over_an_edge_index_runs_each_tensor_op_once_for_all_samples(style, readout):
+    """Each trace keeps its tensor ops (no per-edge nodes), and the union runs each once on all samples' rows:
+    the gather of the sources, the segment sum into the targets, the readout of each sample's rows."""
+    batched = assert_shuffled_batches_match_eager(EdgeConv(style, readout), _graphs())
+    assert all(_collated(batched)), batched.report
+    assert batched.report.kept_nodes <= 20 * batched.report.structures, batched.report
+    # (a program per pattern of sizes: a graph without edges, and one whose only edge loops, run their own)
+    programs = {s.graph.program for s in batched._cache.structures.values()}
+    assert batched.report.union_code[2] <= 11 * len(programs) <= 33, batched.report
+
+
+def test_samples_whose_sizes_coincide_otherwise_are_programs_of_their_own():
+    """A graph with as many edges as nodes (a ring) runs another program than graphs without that coincidence
+    (an op may pair its edges' rows with its nodes' rows); both run from one union, the maximum over each
+    sample's rows grouped across the two."""
+    ring = (torch.randn(4, 3, dtype=torch.float64), torch.tensor([[0, 1, 2, 3], [1, 2, 3, 0]]))
+    batched = assert_shuffled_batches_match_eager(EdgeConv(readout="amax"), _graphs() + [ring])
+    programs = {s.graph.program for s in batched._cache.structures.values()}
+    assert len(programs) > 1 and all(_collated(batched))
+
+
+def test_targets_beside_collated_values_are_read_as_their_rows():
+    """A loss of the collated values and the sample's per-node targets (another tensor argument) reads both as
+    rows of one layout."""
+    class NodeLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+        def forward(self, x, edges, y):
+            src, dst = edges
+            out = x + torch.zeros_like(x).index_add(0, dst, self.lin(x)[src])
+            return F.mse_loss(out, y)
+
+    graphs = [(x, edges, torch.randn(len(x), 3, dtype=torch.float64)) for x, edges in _graphs()]
+    batched = assert_shuffled_batches_match_eager(NodeLoss(), graphs)
+    assert all(_collated(batched))
+
+
+def test_code_that_reads_the_collated_values_otherwise_runs_per_edge_and_per_node():
+    """A softmax over a sample's rows (an attention readout) reads them as a whole: the trace becomes per-edge
+    reads and per-node sums instead, which group as per-node code does."""
+    class Attention(EdgeConv):
+        def forward(self, x, edges):
+            src, dst = edges
+            out = torch.zeros_like(x).index_add(0, dst, x[src])
+            return (torch.softmax(out.sum(1, keepdim=True), 0) * out).sum(0)
+
+    batched = assert_shuffled_batches_match_eager(Attention(), _graphs()[:-1])   # (the per-edge form needs edges)
+    assert not any(_collated(batched))
+
+
+def test_an_index_of_another_shape_is_left_to_eager():
+    """``h[edges]`` by a ``[2, E]`` index reads a row pair per entry: not a read of rows, so the samples run
+    with the model, as eager."""
+    class Pairs(nn.Module):
+        def forward(self, x, edges):
+            return x[edges].prod(0).sum(0)
+
+    batched = dynamo_relational.batch(Pairs(), progress=False)
+    graphs = _graphs()[1:4]
+    for _ in range(3):
+        assert_batches_match_eager(batched, Pairs(), graphs, through_union=False)
+    assert not any(_collated(batched))
