@@ -210,10 +210,16 @@ class _Program:
         elif new:   # (a new tensor of zeros or ones with rows of the members': as many for all of them)
             node = new_node(self.graph, op, target, (whole.shape,), dict(kwargs))
             node.meta.update(_source(meta), rel_info=whole)
-        else:
-            parts = [self.shared.attribute(self.graph, sample, s, target, meta) for s, sample in self.members]
-            node = new_node(self.graph, "call_function", torch.cat, (parts,), {})
-            node.meta.update(_source(meta), rel_info=whole)
+        else:   # (the members' constants joined once, a value of none, read through a gather of their rows)
+            name = f"_joined_constants_{len(self.shared.attrs)}"
+            while name in self.shared.attrs:
+                name += "_"
+            joined = new_node(self.graph, "get_attr", name, (), {})
+            joined.meta["rel_info"] = whole
+            if not self.tried:
+                self.shared.attrs[name] = torch.cat([sample.attrs[target] for _, sample in self.members])
+            node = self._gather(joined, lambda: numpy.arange(whole.shape[0]), whole.shape[0], info, meta)
+            node.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, counts) for _ in range(n)]
         self.operands[slot] = (node, counts)
         return self.operands[slot]
 
