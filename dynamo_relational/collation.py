@@ -16,19 +16,20 @@ sample:
 * ``h[src]`` (``h.index_select(0, src)``) is one gather of the joined ``h`` by
   the samples' indices, each moved past the rows of the samples before it;
 * ``z.index_add(0, dst, m)`` (or ``z.scatter_add(0, dst.view(-1, 1).expand_as(m), m)``)
-  into a constant of zeros is one segment sum of the joined ``m``, the targets
-  moved the same way;
+  into new zeros is one segment sum of the joined ``m``, the targets moved the
+  same way (onto a joined ``z``: its rows plus those sums);
 * a constant with a row per row of such values (the in-degrees a mean divides
   by) is the samples' constants joined;
-* a row-wise op of such values of the same rows and of shared values (weights)
-  is one op on all of them.
+* a row-wise op of such values of the same rows and of shared values (weights),
+  or a view or expansion within their rows, is one op on all of them.
 
-The code after them reads each sample's rows of the joined values: a readout
-``h.mean(0)`` is the aggregation of its rows, which grouping batches as it
-batches per-node code. Without this, each read and sum is a stack of per-edge
-and per-node nodes in every sample's trace (``passes/constant_indices.py``),
-which is still what a sample gets where its code reads the joined values some
-other way (:func:`collates`).
+The code after them reads each sample's rows of the joined values as a union
+reads them (``union.py``): a readout ``h.mean(0)`` is the sample's row of one
+segment reduction for all samples, a loss of them and of the sample's targets
+is the sample's part of one loss per row. Without this, each read and sum is a
+stack of per-edge and per-node nodes in every sample's trace
+(``passes/constant_indices.py``), which is still what a sample gets where its
+code reads the joined values some other way (``union._collates``).
 
 Legal because the samples are disjoint: each joined value holds the samples'
 rows, sample after sample, and each op computes a sample's rows from its own
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
+
 
 class Slot(int):
     """In a sample's records (``union.SampleGraph``), an argument that is the value of the record at this
@@ -157,7 +159,7 @@ class _Program:
                 del self.operands[i]
         # a tensor argument that other records read too is its joined rows for them (targets beside outputs)
         read = {a for i, record in enumerate(self.records) if i not in self.joined
-                for a in flat_args(record[2:4]) if type(a) is Slot and a in self.placeholders}
+                for a in record_slots(record[2:4]) if a in self.placeholders}
         for x in read:
             if self.rows(x) is not None:
                 self.joined[x] = self.operands[x]
@@ -190,7 +192,7 @@ class _Program:
         counts = self.counts(slot)
         op, target, args, kwargs, _, meta = self.records[slot]
         new = op == "call_function" and target in (torch.zeros, torch.ones) \
-            and not any(type(a) is Slot for a in flat_args((args, kwargs)))
+            and not record_slots((args, kwargs))
         if counts is None or not (op == "placeholder" or op == "get_attr" and own_constant(target) or new):
             return None
         info = record_info(self.records[slot])
@@ -314,7 +316,7 @@ class _Program:
         op, target, args, kwargs = self.records[slot][:4]
         if op == "call_function" and target in _ZEROS:
             return set(kwargs) <= {"dtype", "device", "layout", "memory_format"} and (
-                target is torch.zeros_like or not any(type(a) is Slot for a in flat_args(args)))
+                target is torch.zeros_like or not record_slots(args))
         return op == "get_attr" and own_constant(target) and all(
             isinstance(v := sample.attrs[target], torch.Tensor) and not bool(v.any()) for _, sample in self.members)
 
@@ -325,8 +327,7 @@ class _Program:
         if op != "call_function" and not (op == "call_method" and isinstance(target, str) and not target.endswith("_")):
             return None
         counts, info = self.counts(i), record_info(self.records[i])
-        slots: list[Any] = []
-        fx.node.map_aggregate((args, kwargs), lambda a: slots.append(a) if type(a) is Slot else None)
+        slots = record_slots((args, kwargs))
         if counts is None or info is None or not any(s in self.joined or self.placeholders.get(s) is not None
                                                      for s in slots):
             return None
@@ -361,8 +362,7 @@ class _Program:
         """Record ``i``'s node if it computes from shared values alone (``W.t()``): one for every sample, as
         :meth:`~dynamo_relational.union._Shared.key` makes it."""
         op, target, args, kwargs, _, meta = self.records[i]
-        slots: list[Any] = []
-        fx.node.map_aggregate((args, kwargs), lambda a: slots.append(a) if type(a) is Slot else None)
+        slots = record_slots((args, kwargs))
         if not slots or any(s not in self.shared_nodes for s in slots):
             return
         new_args, new_kwargs = fx.node.map_aggregate(
@@ -416,7 +416,7 @@ def program_key(sample: "SampleGraph", collated: frozenset[int]) -> Hashable:
     records = sample.records
     counted = set(collated)
     for i in collated:   # (and what holds rows among their operands, not the shared values, whose shapes never change)
-        counted.update(int(a) for a in flat_args(records[i][2:4]) if type(a) is Slot and _holds_rows(records[a]))
+        counted.update(int(a) for a in record_slots(records[i][2:4]) if _holds_rows(records[a]))
     return _structure(records, counted), collated
 
 
@@ -467,6 +467,11 @@ def flat_args(tree: Any) -> list[Any]:
     return leaves
 
 
+def record_slots(tree: Any) -> list[Slot]:
+    """The records that a record's arguments ``tree`` read."""
+    return [a for a in flat_args(tree) if type(a) is Slot]
+
+
 def record_info(record: tuple) -> TensorInfo | None:
     """The shape, dtype and device of a record's value (None: not one tensor)."""
     info = dict(record[5]).get("rel_info")
@@ -515,9 +520,9 @@ def _rows_layout(op: str, target: Any, args: tuple, kwargs: dict, records: Seque
     if x is None or not x.shape or not out.shape or kwargs:
         return None
     if target in ("view", "reshape") and math.prod(x.shape[1:]) == math.prod(out.shape[1:]) and len(args) > 1 \
-            and not any(type(a) is Slot for a in flat_args(args[1:])):
+            and not record_slots(args[1:]):
         return ((rows, *out.shape[1:]),)
-    if target == "expand" and len(args) > 1 and not any(type(a) is Slot for a in flat_args(args[1:])):
+    if target == "expand" and len(args) > 1 and not record_slots(args[1:]):
         return ((rows, *out.shape[1:]),)
     if target == "expand_as" and len(args) == 2:
         y = record_info(records[args[1]])

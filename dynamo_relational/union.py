@@ -47,7 +47,7 @@ from dynamo_relational.passes.vectorize import JOINED_OUTPUT, ROW_SAMPLES, SAMPL
 
 from .backend import run_pass
 from .collation import (ProgramRows, Slot as _Slot, collate, index_readers, own_constant, program_key,
-                        reads_by_constants, record_info, trial_key)
+                        reads_by_constants, record_info, record_slots, trial_key)
 from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.aggregate import REDUCTIONS, aggregate
@@ -224,17 +224,10 @@ def _unneeded(records: Sequence[tuple], collated: frozenset[int]) -> frozenset[i
     for i in range(len(records) - 1, -1, -1):
         op, _, args, kwargs = records[i][:4]
         if op == "output" or (i in needed and i not in collated):
-            needed.update(flat_slots((args, kwargs)))
+            needed.update(record_slots((args, kwargs)))
     return frozenset(i for i, record in enumerate(records)
                      if i not in needed and i not in collated and record[0] in ("get_attr", "call_function",
                                                                                 "call_method"))
-
-
-def flat_slots(tree: Any) -> list["_Slot"]:
-    """The record slots in ``tree`` (a record's arguments)."""
-    slots: list[_Slot] = []
-    fx.node.map_aggregate(tree, lambda a: slots.append(a) if type(a) is _Slot else None)
-    return slots
 
 
 #: calls that read or write rows of their first operand by an index tensor (along dim 0), and its position
@@ -292,7 +285,7 @@ def _read_whole(records: Sequence[tuple], ignored: frozenset[int] = frozenset())
     for i, (op, target, args, kwargs, _, _) in enumerate(records):
         if i in ignored:
             continue
-        for x in flat_slots((args, kwargs)):
+        for x in record_slots((args, kwargs)):
             if x in whole and (op != "call_function" or target is not operator.getitem or kwargs or args[0] != x
                                or len(args) != 2 or _read_row(args[1], rows[x]) is None):
                 whole[x] = True
@@ -387,10 +380,10 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
             shared.row_class[node] = ProgramRows(tuple(range(len(samples))),
                                                  tuple(s.inputs[j].shape[0] for s in samples))
         union_inputs.append(node)
-    starts = [numpy.cumsum([s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples]).tolist()
-              for j, layout in enumerate(inputs_layout)]
+    ends = [numpy.cumsum([s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples]).tolist()
+            for j, layout in enumerate(inputs_layout)]
     collated, unneeded = _collated(graph, samples, shared, [x if layout == "cat" else None for x, layout in
-                                                            zip(union_inputs, inputs_layout)], starts)
+                                                            zip(union_inputs, inputs_layout)], ends)
     leaves: list[list[fx.Node]] = []
     offsets = [0] * len(inputs_layout)
     for s, sample in enumerate(samples):
@@ -422,11 +415,11 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
 
 
 def _collated(graph: fx.Graph, samples: Sequence[SampleGraph], shared: "_Shared", inputs: list[fx.Node | None],
-              starts: list[list[int]]) -> tuple[dict[int, dict[int, tuple[fx.Node, int, int]]],
-                                                dict[Hashable, frozenset[int]]]:
+              ends: list[list[int]]) -> tuple[dict[int, dict[int, tuple[fx.Node, int, int]]],
+                                              dict[Hashable, frozenset[int]]]:
     """Each program's collated records (:mod:`~dynamo_relational.collation`), made in ``graph``: per sample, its
     rows of them (record -> (union value, first row, rows)); and per program, the records its samples do not
-    copy. ``starts[j]``: the end of each sample's rows of input ``j``."""
+    copy. ``ends[j]``: where each sample's rows of input ``j`` end."""
     programs: dict[Hashable, list[int]] = {}
     for s, sample in enumerate(samples):
         if sample.program is not None:
@@ -434,17 +427,19 @@ def _collated(graph: fx.Graph, samples: Sequence[SampleGraph], shared: "_Shared"
     rows: dict[int, dict[int, tuple[fx.Node, int, int]]] = {}
     unneeded = {}
     for program, members in programs.items():
-        first = [[ends[s] - samples[s].inputs[j].shape[0] if inputs[j] is not None else 0 for s in members]
-                 for j, ends in enumerate(starts)]
+        first = [[input_ends[s] - samples[s].inputs[j].shape[0] if inputs[j] is not None else 0 for s in members]
+                 for j, input_ends in enumerate(ends)]
         joined = collate(graph, shared, [(s, samples[s]) for s in members], inputs, first,
                          len(members) == len(samples))
         if frozenset(joined) != samples[members[0]].collated:   # (decided by the program alone, so never)
             raise NotBatchable(f"the samples of one program collate records {sorted(joined)[:5]} where one "
                                f"sample collates {sorted(samples[members[0]].collated)[:5]}")
-        for k, s in enumerate(members):
+        for s in members:
             rows[s] = {}
-            for i, (node, counts) in joined.items():
-                rows[s][i] = (node, sum(counts[:k]), counts[k])
+        for i, (node, counts) in joined.items():
+            firsts = numpy.cumsum(counts) - counts
+            for k, s in enumerate(members):
+                rows[s][i] = (node, int(firsts[k]), counts[k])
         unneeded[program] = _unneeded(samples[members[0]].records, samples[members[0]].collated)
     return rows, unneeded
 

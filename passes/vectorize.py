@@ -349,7 +349,7 @@ def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
                 b.gather_by_source = False
                 # (one member alone stays as it is, but in a union where it reads a whole value of rows, a
                 # sample's only row ``u[0]`` of a one-row ``u``: a batch restricts rows read through a group)
-                alone = SAMPLE in unique[0].node.meta and new in b.size
+                alone = SAMPLE in unique[0].node.meta and b.size.get(new) == 1
                 if new is not None and (len(unique) > 1 or b.gathered or alone):
                     b.size[new] = len(unique)
                     info = unique[0].info
