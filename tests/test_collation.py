@@ -115,3 +115,22 @@ def test_an_index_of_another_shape_is_left_to_eager():
     for _ in range(3):
         assert_batches_match_eager(batched, Pairs(), graphs, through_union=False)
     assert not any(_collated(batched))
+
+
+def test_samples_that_collate_and_samples_that_do_not_run_from_one_union():
+    """Code that branches on a graph's size: the larger graphs' attention readout runs per edge, the others'
+    mean collates; one union runs both kinds."""
+    class Branching(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+        def forward(self, x, edges):
+            src, dst = edges
+            out = torch.zeros_like(x).index_add(0, dst, self.lin(x)[src])
+            if len(x) > 3:
+                return (torch.softmax(out.sum(1, keepdim=True), 0) * out).sum(0)
+            return out.mean(0)
+
+    batched = assert_shuffled_batches_match_eager(Branching(), _graphs()[:-1])
+    assert any(_collated(batched)) and not all(_collated(batched))
