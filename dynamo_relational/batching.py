@@ -334,8 +334,9 @@ class BatchedModule(nn.Module):
         self._caches: dict[tuple, _Cache] = {}
         self._cache = _Cache()
         self._canonical: dict[_Key, _Key] = {}
-        #: which records of a trace collate, by its shapes' pattern (``union.prepare``)
-        self._collations: dict[Hashable, frozenset[int] | None] = {}
+        #: which records of a trace collate, its program and the arguments it reads whole, by its shapes' pattern
+        #: (``union.prepare``)
+        self._collations: dict[Hashable, tuple | None] = {}
         #: the paths (``argument 1``, ``argument 0._store['edge_index']``) of the integer tensors that ``forward``
         #: reads in Python (``edge_index.tolist()``): structure, compared by value and kept by each trace, not inputs
         self._by_value: set[str] = set()

@@ -43,20 +43,20 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, cast
 
 import numpy
 import torch
 import torch.fx as fx
 
 from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
-from dynamo_relational.passes.gather_nodes import CONSTANT_PREFIX
+from dynamo_relational.passes.gather_nodes import CONSTANT_PREFIX, names_rows
 from dynamo_relational.passes.postpone_gathers import row_wise_in
 from dynamo_relational.passes.vectorize import ROW_SAMPLES, SAMPLE
 
 from .nodes import new_node
 from .ops import TensorInfo, tensor_info
-from .ops.facts import is_forward_constant_name
+from .ops.facts import calls, is_forward_constant_name, zeros_call
 
 if TYPE_CHECKING:
     from .union import SampleGraph, _Shared
@@ -213,13 +213,9 @@ class _Program:
             node = new_node(self.graph, op, target, (whole.shape,), dict(kwargs))
             node.meta.update(_source(meta), rel_info=whole)
         else:   # (the members' constants joined once, a value of none, read through a gather of their rows)
-            name = f"_joined_constants_{len(self.shared.attrs)}"
-            while name in self.shared.attrs:
-                name += "_"
-            joined = new_node(self.graph, "get_attr", name, (), {})
+            joined = self._constant(lambda: torch.cat([sample.attrs[target] for _, sample in self.members]),
+                                    "constants", index=False)
             joined.meta["rel_info"] = whole
-            if not self.tried:
-                self.shared.attrs[name] = torch.cat([sample.attrs[target] for _, sample in self.members])
             node = self._gather(joined, lambda: numpy.arange(whole.shape[0]), whole.shape[0], info, meta)
             node.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, counts) for _ in range(n)]
         self.operands[slot] = (node, counts)
@@ -249,7 +245,7 @@ class _Program:
         op, target, args, kwargs, _, meta = self.records[i]
         if op == "call_function" and target is operator.getitem and len(args) == 2 and not kwargs:
             x, index = args
-        elif _named(op, target, "index_select") and len(args) == 3 and not kwargs and _along_rows(self, args[0],
+        elif calls(op, target, "index_select") and len(args) == 3 and not kwargs and _along_rows(self, args[0],
                                                                                                   args[1]):
             x, _, index = args
         else:
@@ -270,8 +266,8 @@ class _Program:
         a constant of zeros): one segment sum of the joined ``m``, a segment per row of the members' ``z``; onto
         a joined ``z``, its rows plus those sums."""
         op, target, args, kwargs, _, meta = self.records[i]
-        scatter = _named(op, target, "scatter_add")
-        if not (scatter or _named(op, target, "index_add")) or len(args) != 4 or kwargs:
+        scatter = calls(op, target, "scatter_add")
+        if not (scatter or calls(op, target, "index_add")) or len(args) != 4 or kwargs:
             return None
         z, dim, index, m = args
         messages, info = self.rows(m), record_info(self.records[i])
@@ -305,7 +301,7 @@ class _Program:
         summed.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, targets) for _ in range(n)]
         if base is not None:
             summed = new_node(self.graph, "call_function", operator.add, (base[0], summed), {})
-            summed.meta.update(_source(meta), rel_info=_info_of(base[0]))
+            summed.meta.update(_source(meta), rel_info=tensor_info(base[0]))
         return summed, targets
 
     def _zeros(self, slot: Any) -> bool:
@@ -314,7 +310,7 @@ class _Program:
         if type(slot) is not Slot:
             return False
         op, target, args, kwargs = self.records[slot][:4]
-        if op == "call_function" and target in _ZEROS:
+        if op == "call_function" and zeros_call(op, target):
             return set(kwargs) <= {"dtype", "device", "layout", "memory_format"} and (
                 target is torch.zeros_like or not record_slots(args))
         return op == "get_attr" and own_constant(target) and all(
@@ -380,22 +376,15 @@ class _Program:
             self.shared.nodes.add(made)
 
     # -- union nodes ---------------------------------------------------------
-    def _constant(self, make: Callable[[], torch.Tensor], hint: str) -> fx.Node:
+    def _constant(self, make: Callable[[], torch.Tensor], hint: str, index: bool = True) -> fx.Node:
         """A get_attr of a new constant of the union, ``make()`` (not made where the program is only tried)."""
-        name = f"{CONSTANT_PREFIX}collated_{hint}_{len(self.shared.attrs)}"
-        while name in self.shared.attrs:
-            name += "_"
-        node = new_node(self.graph, "get_attr", name, (), {})
-        if not self.tried:
-            value = self.shared.attrs[name] = make()
-            node.meta["rel_info"] = TensorInfo(tuple(value.shape), value.dtype, value.device)
-        return node
+        return self.shared.constant(self.graph, f"collated_{hint}", None if self.tried else make(), index=index)
 
     def _gather(self, source: fx.Node, index: Callable[[], numpy.ndarray], rows: int, row: TensorInfo,
                 meta: tuple) -> fx.Node:
         """``source[index()]`` (``rows`` rows like ``row``) as the grouping's gathers are: float rows with a
         deterministic backward."""
-        columns = _rows(source)
+        columns = cast(TensorInfo, tensor_info(source)).shape[0]
         info = TensorInfo((rows, *row.shape[1:]), row.dtype, row.device)
         if row.dtype.is_floating_point or row.dtype.is_complex:
             csr = self._constant(
@@ -425,7 +414,7 @@ def _holds_rows(record: tuple) -> bool:
     tensor of zeros or ones (any other operand of a collated record is shared)."""
     op, target = record[:2]
     return op == "placeholder" or (op == "get_attr" and own_constant(target)) \
-        or (op == "call_function" and target in (*_ZEROS, torch.ones))
+        or (op == "call_function" and (zeros_call(op, target) or target is torch.ones))
 
 
 def trial_key(sample: "SampleGraph") -> Hashable:
@@ -454,8 +443,6 @@ def _structure(records: Sequence[tuple], counted: set[int] | None) -> Hashable:
     return tuple(parts)
 
 
-#: new tensors of zeros that a segment sum may start from
-_ZEROS = (torch.zeros, torch.zeros_like)
 #: factories whose arguments are their size alone
 _SIZED = (torch.zeros, torch.ones, torch.empty)
 
@@ -484,27 +471,14 @@ def _joined_index(values: list[numpy.ndarray], rows: list[int]) -> numpy.ndarray
     return numpy.concatenate([v + a for v, a in zip(values, starts)] + [numpy.zeros(0, numpy.int64)])
 
 
-def _info_of(node: fx.Node) -> TensorInfo:
-    return node.meta["rel_info"]
-
-
-def _rows(node: fx.Node) -> int:
-    return _info_of(node).shape[0]
-
-
 def _source(meta: tuple) -> dict:
     """A record's metadata for a node of the union (no sample's)."""
     return {k: v for k, v in meta if k not in (SAMPLE, "rel_info")}
 
 
-def _named(op: str, target: Any, name: str) -> bool:
-    return (op == "call_method" and target == name) or (op == "call_function" and target is getattr(torch, name))
-
-
 def _along_rows(program: _Program, x: Any, dim: Any) -> bool:
     """Whether ``dim`` names dim 0 of record ``x``'s value."""
-    info = record_info(program.records[x]) if type(x) is Slot else None
-    return type(dim) is int and info is not None and len(info.shape) > 0 and dim % len(info.shape) == 0
+    return type(x) is Slot and names_rows(dim, record_info(program.records[x]))
 
 
 def _rows_layout(op: str, target: Any, args: tuple, kwargs: dict, records: Sequence[tuple], out: TensorInfo,

@@ -42,7 +42,8 @@ from dynamo_relational.passes import PIPELINE, Pass, PassContext
 from dynamo_relational.passes.cse import value_key
 from dynamo_relational.passes.gather_nodes import CONSTANT_PREFIX, names_rows
 from dynamo_relational.passes.postpone_gathers import row_wise_in
-from dynamo_relational.kernels.gather_reduce import pack_csr
+from dynamo_relational.kernels.gather_reduce import GATHER_REDUCTIONS, pack_csr
+from dynamo_relational.kernels.segment import csr_offsets
 from dynamo_relational.passes.vectorize import JOINED_OUTPUT, ROW_SAMPLES, SAMPLE
 
 from .backend import run_pass
@@ -114,14 +115,15 @@ class SampleGraph:
 
 
 def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any],
-            options: Options, collations: dict[Hashable, frozenset[int] | None] | None = None) -> SampleGraph:
+            options: Options, collations: dict[Hashable, tuple | None] | None = None) -> SampleGraph:
     """A sample's trace after :data:`SAMPLE_PASSES`; :class:`NotBatchable` if they must keep its order.
 
     Where the trace reads rows by its own index constants and every such read collates
     (:mod:`~dynamo_relational.collation`), ``constant_indices`` is left out: its per-edge and per-node nodes
     are what collation does without. Where one does not, all the passes run on the trace as it came.
-    ``collations`` keeps which records collate by :func:`~dynamo_relational.collation.trial_key`, for the
-    traces of other samples with that key (most of a data set's samples)."""
+    ``collations`` keeps which records collate (with the program and the arguments read whole, which follow)
+    by :func:`~dynamo_relational.collation.trial_key`, for the traces of other samples with that key (most of a
+    data set's samples)."""
     if reads_by_constants(graph.graph):
         raw = _records(graph.graph)   # (the trace as it came: for all the passes, where collation does not do)
         compact = _compact(graph, out_spec, constants, options, collations)
@@ -138,7 +140,7 @@ def prepare(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[in
 
 
 def _compact(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any], options: Options,
-             collations: dict[Hashable, frozenset[int] | None] | None) -> SampleGraph | None:
+             collations: dict[Hashable, tuple | None] | None) -> SampleGraph | None:
     """The sample's trace after :data:`SAMPLE_PASSES` but ``constant_indices``, if it collates; else None."""
     ctx = PassContext(options, in_union=True)
     graph = run_passes([p for p in SAMPLE_PASSES if p.name != "constant_indices"], graph, ctx)
@@ -149,19 +151,20 @@ def _compact(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[i
     sample = _sample_graph(graph, out_spec, constants)
     _unlink(graph.graph)
     key = trial_key(sample) if collations is not None else None
-    if collations is None or key not in collations:
+    if collations is not None and key in collations:
+        found = collations[key]
+    else:
         collated = _collates(sample)
+        found = None if collated is None else \
+            (collated, program_key(sample, collated), _read_whole(sample.records, collated | _unneeded(sample.records,
+                                                                                                        collated)))
         if collations is not None:
             if len(collations) >= _COLLATIONS_KEPT:
                 collations.clear()
-            collations[key] = collated
-    else:
-        collated = collations[key]
-    if collated is None:
+            collations[key] = found
+    if found is None:
         return None
-    sample.collated = collated
-    sample.program = program_key(sample, collated)
-    sample.read_whole = _read_whole(sample.records, collated | _unneeded(sample.records, collated))
+    sample.collated, sample.program, sample.read_whole = found
     return sample
 
 
@@ -467,6 +470,20 @@ class _Shared:
     #: (union value, reduction) -> that reduction of each sample's rows of it (:func:`_aggregated_rows`)
     reductions: dict[tuple[fx.Node, str], tuple[fx.Node, dict[int, int]]] = field(default_factory=dict)
 
+    def constant(self, graph: fx.Graph, hint: str, value: torch.Tensor | None, device: torch.device | None = None,
+                 index: bool = True) -> fx.Node:
+        """A get_attr in ``graph`` of a new constant of the union, ``value`` (on ``device``; None: the name alone,
+        for a union that is only tried): an index tensor of the grouping (named as the passes name theirs,
+        ``index``), else a value of no sample."""
+        name = f"{CONSTANT_PREFIX if index else '_'}{hint}_{len(self.attrs)}"
+        while name in self.attrs:
+            name += "_"
+        node = new_node(graph, "get_attr", name, (), {})
+        if value is not None:
+            value = self.attrs[name] = value.to(device) if device is not None else value
+            node.meta["rel_info"] = TensorInfo(tuple(value.shape), value.dtype, value.device)
+        return node
+
     def segments_of(self, node: fx.Node) -> tuple[Sequence[int], Sequence[int]] | None:
         """The samples with rows in union value ``node``, and their rows, in order (None for values of no
         :attr:`row_class`)."""
@@ -737,18 +754,15 @@ def _segment_reduction(graph: fx.Graph, shared: "_Shared", union_value: fx.Node,
     key = (union_value, reduce)
     if key not in shared.reductions:
         samples, counts = segments
-        offsets = numpy.zeros(len(counts) + 1, dtype=numpy.int64)
-        numpy.cumsum(counts, out=offsets[1:])
+        offsets = csr_offsets(list(counts))
         total = int(offsets[-1])
-        name = f"{CONSTANT_PREFIX}rows_of_each_sample_{len(shared.attrs)}"
-        if reduce in ("sum", "mean"):   # (as the vectorizer reduces: a sparse product; empty segments are zeros)
-            shared.attrs[name] = pack_csr(torch.from_numpy(offsets), torch.arange(total), total).to(row.device)
-            reduced = new_node(graph, "call_function", _GATHER_REDUCE,
-                               (union_value, graph.get_attr(name), len(counts), reduce), {})
+        if reduce in GATHER_REDUCTIONS:   # (as the vectorizer reduces: a sparse product; empty segments are zeros)
+            csr = shared.constant(graph, "rows_of_each_sample", pack_csr(offsets, torch.arange(total), total),
+                                  row.device)
+            reduced = new_node(graph, "call_function", _GATHER_REDUCE, (union_value, csr, len(counts), reduce), {})
         else:
-            shared.attrs[name] = torch.from_numpy(offsets).to(row.device)
-            reduced = new_node(graph, "call_function", _SEGMENT_REDUCE, (union_value, graph.get_attr(name), reduce),
-                               {})
+            offsets_node = shared.constant(graph, "rows_of_each_sample", offsets, row.device)
+            reduced = new_node(graph, "call_function", _SEGMENT_REDUCE, (union_value, offsets_node, reduce), {})
         reduced.meta.update(source, rel_info=TensorInfo((len(counts), *row.shape), row.dtype, row.device))
         reduced.meta[ROW_SAMPLES] = list(samples)
         shared.reductions[key] = reduced, {s: k for k, s in enumerate(samples)}

@@ -39,7 +39,7 @@ import torch.fx as fx
 from dynamo_relational.nodes import meta_without_value, new_node
 from dynamo_relational.ops import REGISTRY, TensorInfo, tensor_info
 from dynamo_relational.ops.elementwise import ELEMENTWISE, draws_random_numbers
-from dynamo_relational.ops.facts import is_zeros, writes
+from dynamo_relational.ops.facts import calls, is_zeros, writes
 from dynamo_relational.ops.aggregate import aggregate
 
 from .context import PassContext
@@ -107,7 +107,8 @@ def _read_by_index(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Te
     args = node.args
     if node.op == "call_function" and node.target is operator.getitem and len(args) == 2 and not node.kwargs:
         x, index = args
-    elif _is(node, "index_select") and len(args) == 3 and names_rows(args[1], args[0]) and not node.kwargs:
+    elif calls(node.op, node.target, "index_select") and len(args) == 3 and names_rows(args[1], args[0]) \
+            and not node.kwargs:
         x, _, index = args
     else:
         return None
@@ -121,8 +122,8 @@ def _index_add(gm: fx.GraphModule, node: fx.Node) -> tuple[fx.Node, torch.Tensor
     zeros that nothing else reads) of a constant index tensor within ``z``'s rows, one index per row of
     ``m``."""
     in_place = (node.op == "call_method" and node.target in ("index_add_", "scatter_add_"))
-    if not (in_place or _is(node, "index_add") or _is(node, "scatter_add")) or len(node.args) != 4 \
-            or node.kwargs or not names_rows(node.args[1], node.args[0]):
+    if not (in_place or any(calls(node.op, node.target, name) for name in ("index_add", "scatter_add"))) \
+            or len(node.args) != 4 or node.kwargs or not names_rows(node.args[1], node.args[0]):
         return None
     z, _, index, m = node.args
     # (in place: only into a tensor of zeros this call makes, never into a constant or buffer it holds)
@@ -203,11 +204,6 @@ def _pure_call(node: fx.Node) -> bool:
         return False
     return (node.op == "call_method" and node.target in ("expand_as", "expand")) \
         or REGISTRY.knows(node.op, node.target)
-
-
-def _is(node: fx.Node, name: str) -> bool:
-    return (node.op == "call_method" and node.target == name) or \
-        (node.op == "call_function" and node.target is getattr(torch, name))
 
 
 def _row(graph: fx.Graph, meta: dict, x: fx.Node, r: int, kinds: dict[Any, Any]) -> fx.Node:

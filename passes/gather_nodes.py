@@ -72,8 +72,9 @@ def rows(node) -> int | None:
 
 
 def names_rows(dim, x) -> bool:
-    """Whether ``dim`` (negative ones counted from the rank) is dim 0, the rows, of ``x``'s value."""
-    info = tensor_info(x)
+    """Whether ``dim`` (negative ones counted from the rank) is dim 0, the rows, of ``x``'s value (``x``: a node,
+    or the value's info)."""
+    info = x if isinstance(x, TensorInfo) else tensor_info(x)
     return type(dim) is int and info is not None and info.rank > 0 and dim % info.rank == 0
 
 

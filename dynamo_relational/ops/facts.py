@@ -404,6 +404,17 @@ def is_forward_constant_name(target: str) -> bool:
     return _FORWARD_CONSTANT.match(target) is not None
 
 
+def zeros_call(op: str, target: Any) -> bool:
+    """Whether a call of ``target`` (``op``: ``call_function`` or ``call_method``) makes a new tensor of zeros:
+    ``torch.zeros``, ``torch.zeros_like``, ``x.new_zeros``."""
+    return aten_name(op, target) in ("zeros", "zeros_like", "new_zeros")
+
+
+def calls(op: str, target: Any, name: str) -> bool:
+    """Whether a node of ``op`` and ``target`` calls the method ``name`` (``x.name(...)``) or ``torch.name``."""
+    return (op == "call_method" and target == name) or (op == "call_function" and target is getattr(torch, name, None))
+
+
 def is_zeros(node: Any) -> bool:
     """A new tensor of zeros on every call (an accumulator's start): ``torch.zeros(...)``,
     ``torch.zeros_like(...)``, ``x.new_zeros(...)``, or the constant the fast front-end records for a tensor that
@@ -411,6 +422,6 @@ def is_zeros(node: Any) -> bool:
     if not isinstance(node, fx.Node):
         return False
     if node.op in ("call_function", "call_method"):
-        return aten_name(node.op, node.target) in ("zeros", "zeros_like", "new_zeros") and makes_tensor(node)
+        return zeros_call(node.op, node.target) and makes_tensor(node)
     value = node.meta.get("example_value")
     return is_forward_constant(node) and isinstance(value, torch.Tensor) and not value.any()
