@@ -134,3 +134,16 @@ def test_samples_that_collate_and_samples_that_do_not_run_from_one_union():
 
     batched = assert_shuffled_batches_match_eager(Branching(), _graphs()[:-1])
     assert any(_collated(batched)) and not all(_collated(batched))
+
+
+def test_an_edge_list_of_one_edge_read_by_columns():
+    """``edges[:, 0]`` of an ``[E, 2]`` list of one edge is a one-element constant with a stride, which the merging
+    of equal constants reads as bytes."""
+    class Columns(nn.Module):
+        def forward(self, x, edges):
+            src, dst = edges[:, 0], edges[:, 1]
+            return torch.zeros_like(x).index_add(0, dst, x[src] * 2).sum(0)
+
+    graphs = [(x, torch.tensor([[0, 1]] if k % 2 else [[0, 1], [1, 0]])) for k, (x, _) in enumerate(_graphs()[:4])]
+    batched = assert_shuffled_batches_match_eager(Columns(), graphs)
+    assert all(_collated(batched))
