@@ -164,7 +164,7 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     if kind in ("treelstm", "childsum"):
         by_hand = copy.deepcopy(eager)
         systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, batch))
-    if kind in ("gcn", "gcn_edges", "gin", "sage", "sage_edges"):
+    if kind in ("gcn", "gcn_edges", "gcn_dense", "gin", "sage", "sage_edges"):
         pyg = copy.deepcopy(eager)
         systems["PyG"] = (pyg, pyg_molecules(pyg, data))
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, (m, _) in systems.items()}

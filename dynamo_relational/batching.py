@@ -55,6 +55,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain
 from typing import Any, Callable, Collection, Hashable, Literal, Sequence
 
@@ -74,7 +75,7 @@ from .row_plan import Batch, Refused, RowPlan, analyse
 from .tracer import gc_paused
 from .tracing import trace
 from .tracing_patches import patches_when_needed
-from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, index_inputs, prepare, run_passes
+from .union import UNION_PASSES, Layout, NotBatchable, SampleGraph, build, prepare, run_passes, structure_inputs
 
 log = logging.getLogger("dynamo_relational")
 
@@ -217,7 +218,7 @@ class _Inputs:
 
     def add(self, t: torch.Tensor, path: str, by_value: Collection[str]) -> bool:
         """Note the tensor ``t`` found at ``path``; whether it is read by value (structure), not an input."""
-        if path in by_value and _is_index(t):
+        if path in by_value and _is_structure(t):
             self.by_value[path] = t
             return True
         self.tensors.append(t)
@@ -457,7 +458,8 @@ class BatchedModule(nn.Module):
         call = _SampleCall(self.model, sample, inputs)
         names = [f"arg{j}" for j in range(len(tensors))]
         try:
-            traced = trace(call, tensors, names, live=True, check=_edge_lists_by_value)
+            traced = trace(call, tensors, names, live=True, check=partial(_structure_by_value, tensors=tensors,
+                                                                          paths=inputs.paths))
         except DataDependenceError as e:   # a read of integer tensors of the sample: structure, not inputs
             read = [int(name.removeprefix("arg")) for name in e.inputs]
             paths = {inputs.paths[k] for k in read if _is_index(tensors[k])}
@@ -685,14 +687,14 @@ def _grouped(union, options: Options, progress: CompileProgress) -> tuple[fx.Gra
     return union, ctx.stats, ctx.ungrouped
 
 
-def _edge_lists_by_value(graph: fx.Graph) -> None:
-    """Refuse a trace whose integer tensor arguments index the sample's own rows (``h[src]``,
-    ``z.index_add(0, dst, m)``: :func:`~dynamo_relational.union.index_inputs`), as a read of their values: they
-    are the sample's structure, which the union reads row by row (``passes/constant_indices.py``)."""
-    found = index_inputs(graph)
+def _structure_by_value(graph: fx.Graph, tensors: Sequence[torch.Tensor], paths: Sequence[str]) -> None:
+    """Refuse a trace (of ``tensors``, at ``paths``) whose tensor arguments are the sample's structure
+    (``h[src]``, ``z.index_add(0, dst, m)``, ``adj @ h``: :func:`~dynamo_relational.union.structure_inputs`): they
+    are read by value, and the union reads rows by them (``passes/constant_indices.py``,
+    :mod:`~dynamo_relational.collation`). A tensor that requires gradients stays an input."""
+    found = {paths[k] for p in structure_inputs(graph) if _is_structure(tensors[k := int(str(p.target)[3:])])}
     if found:
-        raise DataDependenceError("forward", "integer tensors index the rows of the sample's values",
-                                  tuple(str(p.target) for p in found))
+        raise _ReadByValue(found)
 
 
 def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Tensor:
@@ -755,6 +757,13 @@ class _ReadByValue(Exception):
 
 def _is_index(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and not (value.is_floating_point() or value.is_complex())
+
+
+def _is_structure(value: Any) -> bool:
+    """Whether ``value`` may be read by value, as structure: an integer tensor, or a float one (a dense
+    adjacency) that does not require gradients."""
+    return isinstance(value, torch.Tensor) and not value.is_complex() and not (
+        value.is_floating_point() and value.requires_grad)
 
 
 def _values_key(t: torch.Tensor) -> Hashable:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Container, Hashable, Sequence, cast
 
 import numpy
 import torch
@@ -57,6 +57,7 @@ from dynamo_relational.passes.vectorize import ROW_SAMPLES, SAMPLE
 from .nodes import new_node
 from .ops import TensorInfo, tensor_info
 from .ops.facts import calls, is_forward_constant_name, zeros_call
+from .ops.matmul import is_product
 
 if TYPE_CHECKING:
     from .union import SampleGraph, _Shared
@@ -94,10 +95,12 @@ def own_constant(target: Any) -> bool:
 
 def reads_by_constants(graph: fx.Graph) -> bool:
     """Whether a sample's traced ``graph`` holds an integer constant of its own (an edge index that
-    :func:`collate` may read rows by); cheap, for traces of per-node code to skip the rest."""
+    :func:`collate` may read rows by) or a matrix of its own that multiplies a value (a dense adjacency); cheap,
+    for traces of per-node code to skip the rest."""
     for node in graph.find_nodes(op="get_attr"):
         info = tensor_info(node) if own_constant(node.target) else None
-        if info is not None and info.dtype in (torch.int64, torch.int32):
+        if info is not None and (info.dtype in (torch.int64, torch.int32) or info.rank == 2 and any(
+                is_product(user.target) and user.args[:1] == (node,) for user in node.users)):
             return True
     return False
 
@@ -148,7 +151,7 @@ class _Program:
             elif op == "output":
                 break
             else:
-                joined = self._gathered(i) or self._summed(i) or self._row_wise(i)
+                joined = self._gathered(i) or self._summed(i) or self._multiplied(i) or self._row_wise(i)
                 if joined is not None:
                     self.joined[i] = joined
                 else:
@@ -286,6 +289,51 @@ class _Program:
         message = record_info(self.records[m])
         if message is None or message.shape[1:] != info.shape[1:] or message.dtype != info.dtype:
             return None
+        summed = self._segment_sum(node, counts, values, targets, info, meta)
+        if base is not None:
+            summed = new_node(self.graph, "call_function", operator.add, (base[0], summed), {})
+            summed.meta.update(_source(meta), rel_info=tensor_info(base[0]))
+        return summed, targets
+
+    def _multiplied(self, i: int) -> Joined | None:
+        """``A @ h`` by a float constant ``A`` of each member's own (a dense adjacency, ``[n, c]`` for ``h`` of ``c``
+        rows): the sum of ``A[r, c] * h[c]`` into row ``r`` over ``A``'s nonzeros, as over an edge index: one
+        gather of the joined ``h``, a product by the nonzeros joined and one segment sum (its zeros are left out,
+        as a sparse product leaves them: ``0 * inf`` adds nothing where the dense product's is nan)."""
+        op, target, args, kwargs, _, meta = self.records[i]
+        if op not in ("call_function", "call_method") or not is_product(target) or len(args) != 2 or kwargs:
+            return None
+        a, h = args
+        source, info = self.rows(h), record_info(self.records[i])
+        if type(a) is not Slot or self.records[a][0] != "get_attr" or not own_constant(self.records[a][1]) \
+                or source is None or info is None or len(info.shape) != 2:
+            return None
+        node, counts = source
+        matrices = [sample.attrs[self.records[a][1]] for _, sample in self.members]
+        if any(not isinstance(m, torch.Tensor) or m.dim() != 2 or m.shape[1] != n or m.dtype != info.dtype
+               or m.requires_grad for m, n in zip(matrices, counts)):
+            return None
+        found = [m.detach().nonzero(as_tuple=True) for m in matrices]
+        weights = [m.detach()[rows, columns] for m, (rows, columns) in zip(matrices, found)]
+        nonzeros = [(rows.cpu().numpy(), columns.cpu().numpy()) for rows, columns in found]
+        edges = [len(w) for w in weights]
+        message = TensorInfo((sum(edges), info.shape[1]), info.dtype, info.device)
+        product = self._gather(node, lambda: _joined_index([columns for _, columns in nonzeros], counts),
+                               message.shape[0], message, meta)
+        if not all(bool((w == 1).all()) for w in weights):   # (an adjacency of ones sums its rows as they are)
+            joined = self._constant(lambda: torch.cat(weights).view(-1, 1), "weights", index=False)
+            joined.meta["rel_info"] = weight = TensorInfo((message.shape[0], 1), info.dtype, info.device)
+            weighted = self._gather(joined, lambda: numpy.arange(message.shape[0]), message.shape[0], weight, meta)
+            weighted.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, edges) for _ in range(n)]
+            product = new_node(self.graph, "call_function", operator.mul, (product, weighted), {})
+            product.meta.update(_source(meta), rel_info=message)
+        targets = [m.shape[0] for m in matrices]
+        return self._segment_sum(product, edges, [rows for rows, _ in nonzeros], targets, info, meta), targets
+
+    def _segment_sum(self, messages: fx.Node, counts: list[int], values: list[numpy.ndarray], targets: list[int],
+                     info: TensorInfo, meta: tuple) -> fx.Node:
+        """The joined ``messages`` (``counts`` rows of each member) summed into rows ``values`` of each member's
+        ``targets`` rows (a row without messages: zeros)."""
         total = int(sum(targets))
 
         def segments() -> torch.Tensor:   # (each member's messages summed into its rows, in their order)
@@ -296,13 +344,10 @@ class _Program:
             return pack_csr(torch.from_numpy(offsets), torch.from_numpy(order), int(sum(counts))).to(info.device)
 
         csr = self._constant(segments, "segments")
-        summed = new_node(self.graph, "call_function", _GATHER_REDUCE, (node, csr, total, "sum"), {})
+        summed = new_node(self.graph, "call_function", _GATHER_REDUCE, (messages, csr, total, "sum"), {})
         summed.meta.update(_source(meta), rel_info=TensorInfo((total, *info.shape[1:]), info.dtype, info.device))
         summed.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, targets) for _ in range(n)]
-        if base is not None:
-            summed = new_node(self.graph, "call_function", operator.add, (base[0], summed), {})
-            summed.meta.update(_source(meta), rel_info=tensor_info(base[0]))
-        return summed, targets
+        return summed
 
     def _zeros(self, slot: Any) -> bool:
         """Whether ``slot`` is a new tensor of zeros (``torch.zeros(n, d)``, ``torch.zeros_like(h)``) or a constant
@@ -406,7 +451,10 @@ def program_key(sample: "SampleGraph", collated: frozenset[int]) -> Hashable:
     counted = set(collated)
     for i in collated:   # (and what holds rows among their operands, not the shared values, whose shapes never change)
         counted.update(int(a) for a in record_slots(records[i][2:4]) if _holds_rows(records[a]))
-    return _structure(records, counted), collated
+    # a matrix's columns are the rows of the value it multiplies (``A @ h``): a row count too
+    matrices = {int(a) for i in collated if is_product(records[i][1]) and type(a := records[i][2][0]) is Slot
+                and records[a][0] == "get_attr" and own_constant(records[a][1])}
+    return _structure(records, counted, matrices), collated
 
 
 def _holds_rows(record: tuple) -> bool:
@@ -425,16 +473,20 @@ def trial_key(sample: "SampleGraph") -> Hashable:
     return _structure(sample.records, None), zeros
 
 
-def _structure(records: Sequence[tuple], counted: set[int] | None) -> Hashable:
-    """``records`` but for names and own constants' names, with the shapes of the ``counted`` ones (all: None)."""
+def _structure(records: Sequence[tuple], counted: set[int] | None, matrices: Container[int] = ()) -> Hashable:
+    """``records`` but for names and own constants' names, with the shapes of the ``counted`` ones (all: None),
+    the ``matrices``' columns counted as rows."""
     firsts: dict[int, int] = {}
+
+    def count(n: int) -> int:   # (each row count as the first of them with as many rows; 0 as itself)
+        return -1 if n == 0 else firsts.setdefault(n, len(firsts))
+
     parts: list[Hashable] = []
     for i, (op, target, args, kwargs, _, meta) in enumerate(records):
         shape: Hashable = None
         if (counted is None or i in counted) and (info := record_info(records[i])) is not None:
-            rows = (-1 if info.shape[0] == 0 else firsts.setdefault(info.shape[0], len(firsts))) if info.shape \
-                else None
-            shape = (rows, info.shape[1:], info.dtype, info.device)
+            rows = count(info.shape[0]) if info.shape else None
+            shape = (rows, (count(info.shape[1]),) if i in matrices else info.shape[1:], info.dtype, info.device)
         if op == "call_function" and target in _SIZED:
             args = ()   # (its size: its shape's, which ``shape`` holds where it counts)
         # (the arguments by their text: records by number, ``%3``; a slice is not hashable before Python 3.12)

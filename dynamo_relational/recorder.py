@@ -50,21 +50,13 @@ from .ops.elementwise import ADDITIONS
 from .ops.facts import target_may_alias, target_writes
 from .passes.cse import merges_by_target
 from .source_lines import code_site, formatted_site
-from .tracer import PLAIN_TYPES
+from .tracer import OPERATOR_METHODS, PLAIN_TYPES
 from .untraced_calls import drew_since, generator_states, random_ops
 from .value_proxy import STATIC_ATTRIBUTES, STATIC_METHODS
 
 _is_grad_enabled = torch.is_grad_enabled
 _Node, _Tensor = fx.Node, torch.Tensor
 _is_autocast_enabled = torch._C._is_any_autocast_enabled
-#: the tensor methods that the tensor operators call, recorded as the ``operator`` targets that fx's
-#: proxies record for the operators: ``x + y`` reaches the mode as ``TensorBase.add(x, y)``, ``x == y`` as
-#: ``TensorBase.__eq__`` (``True & m`` reaches it as ``bitwise_and``, recorded so)
-_OPERATORS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
-              "matmul": operator.matmul, "pow": operator.pow, "__getitem__": operator.getitem,
-              "remainder": operator.mod, "__floordiv__": operator.floordiv,
-              "__eq__": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
-              "ge": operator.ge, "__and__": operator.and_, "__or__": operator.or_, "__xor__": operator.xor}
 _REFLECTED = {"__radd__": operator.add, "__rsub__": operator.sub, "__rmul__": operator.mul,
               "__rdiv__": operator.truediv, "__rtruediv__": operator.truediv, "__rpow__": operator.pow,
               "__rmatmul__": operator.matmul, "__rmod__": operator.mod, "__rfloordiv__": operator.floordiv}
@@ -497,8 +489,8 @@ def _new_recipe(func) -> _Recipe | None:
     else:
         call = _form("call_function", func)
     operator_form = None
-    if name in _OPERATORS:
-        operator_form = _form("call_function", _OPERATORS[name], arity=2)
+    if name in OPERATOR_METHODS:
+        operator_form = _form("call_function", OPERATOR_METHODS[name], arity=2)
     elif name in _REFLECTED:
         operator_form = _form("call_function", _REFLECTED[name], arity=2, reflected=True)
     elif name in _UNARY:

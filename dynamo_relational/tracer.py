@@ -69,6 +69,16 @@ def gc_paused() -> Iterator[None]:
 
 
 _TENSOR_METHODS: dict[Any, bool] = {}
+#: the tensor methods that the tensor operators call, recorded as the ``operator`` targets that fx's
+#: proxies record for the operators: ``x + y`` reaches a torch function mode as ``TensorBase.add(x, y)``, and
+#: the tracer so where ``x`` is a plain tensor and ``y`` a proxy; ``x == y`` as ``TensorBase.__eq__`` (``True & m``
+#: as ``bitwise_and``, recorded so)
+OPERATOR_METHODS = {"add": operator.add, "sub": operator.sub, "mul": operator.mul, "div": operator.truediv,
+                    "matmul": operator.matmul, "pow": operator.pow, "__getitem__": operator.getitem,
+                    "remainder": operator.mod, "__floordiv__": operator.floordiv,
+                    "__eq__": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le,
+                    "gt": operator.gt, "ge": operator.ge, "__and__": operator.and_, "__or__": operator.or_,
+                    "__xor__": operator.xor}
 
 
 def _is_tensor_method(func: Callable) -> bool:
@@ -174,6 +184,8 @@ class Tracer(fx.Tracer):
         if self.wrote_untraced is None and writes_untraced_tensor(func, args):
             self.wrote_untraced = self.user_line()
         if _is_tensor_method(func):
+            if len(args) == 2 and not kwargs and func.__name__ in OPERATOR_METHODS:
+                return self.create_proxy("call_function", OPERATOR_METHODS[func.__name__], args, kwargs)
             return self.create_proxy("call_method", func.__name__, args, kwargs)
         return self.create_proxy("call_function", func, args, kwargs)
 

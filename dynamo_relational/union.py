@@ -55,7 +55,8 @@ from .ops.aggregate import REDUCTIONS, aggregate
 from .ops.along import GATHER_ALONG
 from .ops.elementwise import ELEMENTWISE
 from .ops.losses import LOSS, loss_call
-from .ops.facts import is_factory
+from .ops.facts import is_factory, is_forward_constant_name
+from .ops.matmul import product_operands
 from .options import Options
 from .progress import NONE as NO_PROGRESS, CompileProgress
 from .row_plan import elementwise_mixing, flat_nodes, works_within_rows
@@ -238,45 +239,91 @@ _INDEXED_READS: dict[tuple[str, Any], int] = {
     (op, name): 2 for name in ("index_select", "index_add", "index_copy", "index_fill", "gather", "scatter",
                                "scatter_add", "scatter_reduce", "index_reduce")
     for op in ("call_method", "call_function")}
+#: ``x.index_put_((rows, ...), values)``, as ``x[rows, ...] = values``
+_PUTS = frozenset(("index_put", "index_put_"))
+#: the indexed calls that read their first operand's rows (the others write into them)
+_READS = frozenset(("getitem", "index_select", "gather"))
 #: calls whose result holds values of their first operand as they are (an edge list's row, ``src, dst = edges``)
 _VALUE_VIEWS = frozenset(("t", "view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous", "unbind",
                           "select", "long", "clone"))
 
 
-def index_inputs(graph: fx.Graph) -> list[fx.Node]:
-    """The integer tensor arguments of a sample's traced ``graph`` whose values index rows of the sample's own
-    values (``h[src]``, ``h.index_select(0, src)``, ``z.index_add(0, dst, m)``, ``src, dst = edge_index``):
-    per-graph code's edge lists, which are the sample's structure. Indices into a shared table (an embedding's
-    token ids) and within rows (``logp.gather(1, labels[:, None])``, ``x[torch.arange(k), labels]``) stay
-    inputs."""
+def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
+    """The tensor arguments of a sample's traced ``graph`` that are the sample's structure: integer ones whose
+    values index rows of the sample's own values (``h[src]``, ``h.index_select(0, src)``, ``z.index_add(0, dst,
+    m)``, ``src, dst = edge_index``, ``a[dst, src] = 1`` into ``torch.zeros(n, n)``: per-graph code's edge lists),
+    and square float matrices that multiply them (``adj @ h``, also normalized first: a dense adjacency). Indices into a
+    shared table (an embedding's token ids) and within rows (``logp.gather(1, labels[:, None])``,
+    ``x[torch.arange(k), labels]``) stay inputs, as do matrices multiplied by values of their own alone
+    (``x @ x.t()``)."""
     placeholders = graph.find_nodes(op="placeholder")
-    origin = {p: p for p in placeholders if (info := tensor_info(p)) is not None
+    infos = {p: tensor_info(p) for p in placeholders}
+    origin = {p: p for p, info in infos.items() if info is not None
               and not (info.dtype.is_floating_point or info.dtype.is_complex or info.dtype == torch.bool)}
-    if not origin:   # (most samples: no integer tensor to walk the trace for)
+    # values computed from float matrix arguments and constants alone -> those arguments; such a value multiplying
+    # one computed from other arguments (``adj @ lin(x)``; not ``(x @ x.t()) @ lin(x)``) is a structure's matrix
+    read: dict[fx.Node, frozenset[fx.Node]] = {}
+
+    def arguments(value: fx.Node) -> frozenset[fx.Node]:
+        return _arguments_read(value, read)
+
+    matrices = {p: frozenset((p,)) for p, info in infos.items() if info is not None and info.rank == 2
+                and info.shape[0] == info.shape[1] and info.dtype.is_floating_point}
+    if not origin and not matrices:   # (most samples: no tensor to walk the trace for)
         return []
     of_sample = set(placeholders)   # values computed from the sample's tensors
+    # the model's tensors and values computed from them alone: rows written into anything else are the sample's
+    shared = set(n for n in graph.find_nodes(op="get_attr") if not is_forward_constant_name(str(n.target)))
     found: dict[fx.Node, None] = {}
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method"):
             continue
-        if any(a in of_sample for a in node.all_input_nodes):
+        inputs = node.all_input_nodes
+        if any(a in of_sample for a in inputs):
             of_sample.add(node)
+        elif inputs and all(a in shared for a in inputs):
+            shared.add(node)
         name = node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
         args = node.args
         first = args[0] if args and isinstance(args[0], fx.Node) else None
         if first in origin and (name in _VALUE_VIEWS or (node.target is operator.getitem
                                                          and not flat_nodes(args[1:]))):
             origin[node] = origin[first]
-        if node.target is operator.getitem and len(args) == 2:   # (x[index] or x[index, ...]: rows)
-            index = args[1][0] if isinstance(args[1], tuple) and args[1] else args[1]
+        if matrices and any(a in matrices for a in inputs) and all(
+                a in matrices or a.op == "get_attr" and is_forward_constant_name(str(a.target)) for a in inputs):
+            matrices[node] = frozenset().union(*(matrices.get(a, ()) for a in inputs))
+        if (node.target in (operator.getitem, operator.setitem) or name in _PUTS) and len(args) >= 2:
+            index = args[1][0] if isinstance(args[1], (tuple, list)) and args[1] else args[1]   # (x[rows, ...])
         else:
             at = _INDEXED_READS.get((node.op, name))
             along_rows = at is not None and len(args) > at and first is not None and names_rows(args[1], first)
             index = args[at] if along_rows else None
         indices = [index] if isinstance(index, fx.Node) and index in origin else []
-        if indices and first in of_sample:
+        if indices and (first in of_sample or first is not None and first not in shared and name not in _READS):
             found.update(dict.fromkeys(origin[i] for i in indices))
+        product = product_operands(node)
+        if product is not None and product[0] in matrices and product[1] in of_sample \
+                and not matrices[product[0]] & arguments(product[1]):
+            found.update(dict.fromkeys(matrices[product[0]]))
     return list(found)
+
+
+def _arguments_read(node: fx.Node, memo: dict[fx.Node, frozenset[fx.Node]]) -> frozenset[fx.Node]:
+    """The placeholders that ``node``'s value is computed from (``memo``: found before, for any node)."""
+    todo = [node]
+    while todo:
+        at = todo[-1]
+        if at in memo:
+            todo.pop()
+            continue
+        missing = [a for a in at.all_input_nodes if a not in memo]
+        if missing:
+            todo.extend(missing)
+            continue
+        todo.pop()
+        memo[at] = frozenset((at,)) if at.op == "placeholder" else frozenset().union(
+            *(memo[a] for a in at.all_input_nodes))
+    return memo[node]
 
 
 def _read_whole(records: Sequence[tuple], ignored: frozenset[int] = frozenset()) -> tuple[bool, ...]:

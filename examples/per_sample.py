@@ -1,7 +1,7 @@
 """Models written for one sample, trained over shuffled mini-batches of samples of different structures
 with ``dynamo_relational.batch``.
 
-    python -m examples.per_sample [treelstm|childsum|treernn|gcn|gcn_edges|gin|sage|sage_edges|rgcn|lrnn]
+    python -m examples.per_sample [treelstm|childsum|treernn|gcn|gcn_edges|gcn_dense|gin|sage|sage_edges|rgcn|lrnn]
                                   [samples] [batch size] [epochs]
 
 Each model's ``forward`` takes one sample: a tree (a list of children lists, parents numbered before
@@ -114,6 +114,21 @@ class MoleculeEdgeGCN(MoleculeGCN):
         for conv in self.convs:
             sums = torch.zeros(len(in_nbrs), conv.out_features, dtype=x.dtype, device=x.device)
             h = torch.relu(sums.index_add(0, dst, h[src] @ conv.weight.t()) + conv.bias)
+        return torch.sigmoid(self.readout(h.mean(0)))
+
+
+class MoleculeDenseGCN(MoleculeGCN):
+    """:class:`MoleculeGCN` written over the molecule's dense adjacency matrix ``A`` (``A[v, u]``: the bonds from
+    ``u`` into ``v``), as per-graph code over an adjacency matrix is: ``h = relu(A @ h W^T + b)``."""
+
+    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
+        src = torch.tensor([u for nbrs in in_nbrs for u in nbrs], dtype=torch.long, device=x.device)
+        dst = torch.tensor([v for v, nbrs in enumerate(in_nbrs) for _ in nbrs], dtype=torch.long, device=x.device)
+        adjacency = torch.zeros(len(in_nbrs), len(in_nbrs), dtype=x.dtype, device=x.device).index_put_(
+            (dst, src), torch.ones(len(src), dtype=x.dtype, device=x.device), accumulate=True)
+        h = x
+        for conv in self.convs:
+            h = torch.relu(adjacency @ (h @ conv.weight.t()) + conv.bias)
         return torch.sigmoid(self.readout(h.mean(0)))
 
 
@@ -277,7 +292,7 @@ def random_typed_molecule(atoms: int, rng: random.Random, bond_types: int = 3) -
 
 MODELS = {"treelstm": (TreeLSTM, random_tree), "childsum": (ChildSumTreeLSTM, random_tree),
           "treernn": (TreeRNN, random_tree), "gcn": (MoleculeGCN, random_molecule),
-          "gcn_edges": (MoleculeEdgeGCN, random_molecule),
+          "gcn_edges": (MoleculeEdgeGCN, random_molecule), "gcn_dense": (MoleculeDenseGCN, random_molecule),
           "gin": (MoleculeGIN, random_molecule), "sage": (MoleculeSAGE, random_molecule),
           "sage_edges": (MoleculeEdgeSAGE, random_molecule),
           "rgcn": (MoleculeRGCN, random_typed_molecule), "lrnn": (MoleculeLRNN, random_molecule)}

@@ -9,6 +9,7 @@ import copy
 import itertools
 import logging
 import random
+from typing import Container
 from unittest import mock
 
 import torch
@@ -297,12 +298,14 @@ def traced_per_sample(kind: str, samples: int, **options) -> tuple[list[tuple], 
     return data, model, batched
 
 
-def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], through_union: bool = True) -> None:
-    """Each sample's result and the parameters' gradients (of a random weighting of all results) as eager's;
-    with ``through_union``, every sample ran from the grouped union. Eager runs on a copy of the samples'
-    objects, as ``batch`` runs its traces (what forward stores on them stays on the copy)."""
-    inputs = [tuple(a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a
-                    for a in s) for s in batch]
+def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], through_union: bool = True,
+                               constant: Container[int] = ()) -> None:
+    """Each sample's result and the parameters' and float inputs' gradients (of a random weighting of all
+    results) as eager's; with ``through_union``, every sample ran from the grouped union. Eager runs on a copy of
+    the samples' objects, as ``batch`` runs its traces (what forward stores on them stays on the copy). The
+    arguments at the ``constant`` positions are given without gradients (a dense adjacency: structure)."""
+    inputs = [tuple(a.detach().clone().requires_grad_(a.is_floating_point() and j not in constant)
+                    if isinstance(a, torch.Tensor) else a for j, a in enumerate(s)) for s in batch]
     unbatched = (batched.report.eager_samples, batched.report.unbatched)
     got = batched(inputs)
     if through_union:
@@ -324,15 +327,17 @@ def assert_batches_match_eager(batched, model: nn.Module, batch: list[tuple], th
         torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
 
 
-def assert_shuffled_batches_match_eager(model: nn.Module, data: list[tuple], seed: int = 0):
+def assert_shuffled_batches_match_eager(model: nn.Module, data: list[tuple], seed: int = 0,
+                                        constant: Container[int] = ()):
     """``batch(model)`` over ``data`` against eager: traced first (the eager calls), then from the grouped union
-    over shuffled halves and a batch that repeats a sample, never one by one. Returns the batched module."""
+    over shuffled halves and a batch that repeats a sample, never one by one (``constant``: as
+    :func:`assert_batches_match_eager`'s). Returns the batched module."""
     batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, data, through_union=False)
+    assert_batches_match_eager(batched, model, data, through_union=False, constant=constant)
     order = random.Random(seed).sample(range(len(data)), len(data))
     half = len(data) // 2
     for chosen in (order[:half], order[half:], order[1:-1] + order[1:2]):
-        assert_batches_match_eager(batched, model, [data[i] for i in chosen])
+        assert_batches_match_eager(batched, model, [data[i] for i in chosen], constant=constant)
     assert batched.report.unbatched == 0, batched.report.unbatched_reason
     return batched
 

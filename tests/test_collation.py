@@ -147,3 +147,78 @@ def test_an_edge_list_of_one_edge_read_by_columns():
     graphs = [(x, torch.tensor([[0, 1]] if k % 2 else [[0, 1], [1, 0]])) for k, (x, _) in enumerate(_graphs()[:4])]
     batched = assert_shuffled_batches_match_eager(Columns(), graphs)
     assert all(_collated(batched))
+
+
+class DenseGCN(nn.Module):
+    """Two convolutions over a dense adjacency ``A``, ``relu(A @ h W^T + b)``, and a mean readout, as per-graph
+    code over an adjacency matrix writes them: ``A`` given (``"argument"``), filled from the edges in forward
+    (``"filled"``; ``"put"``: by ``index_put_``, counting repeated edges), or that normalized,
+    ``D^-1/2 (A + I) D^-1/2`` (``"normalized"``)."""
+
+    def __init__(self, style: str):
+        super().__init__()
+        self.style = style
+        self.lin, self.msg = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x, graph):
+        a = graph
+        if self.style == "put":
+            a = torch.zeros(len(x), len(x), dtype=x.dtype).index_put_(
+                (graph[1], graph[0]), torch.ones(graph.shape[1], dtype=x.dtype), accumulate=True)
+        elif self.style != "argument":
+            a = torch.zeros(len(x), len(x), dtype=x.dtype)
+            a[graph[1], graph[0]] = 1.0
+        if self.style == "normalized":
+            a = a + torch.eye(len(x), dtype=x.dtype)
+            degree = a.sum(1).rsqrt()
+            a = degree[:, None] * a * degree[None, :]
+        h = torch.relu(a @ self.lin(x))
+        return torch.relu(a @ self.msg(h)).mean(0)
+
+
+def _adjacency(x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    a = torch.zeros(len(x), len(x), dtype=x.dtype)
+    a[edges[1], edges[0]] = 1.0
+    return a
+
+
+@pytest.mark.parametrize("style", ["argument", "filled", "put", "normalized"])
+def test_a_dense_adjacency_multiplies_as_a_sum_over_its_nonzeros(style):
+    """``A @ h`` by the sample's adjacency (its structure: read by value) runs as one gather of the joined rows by
+    the nonzeros' columns, a product by their values and one segment sum, as over an edge index."""
+    graphs = _graphs() if style != "argument" else [(x, _adjacency(x, edges)) for x, edges in _graphs()]
+    batched = assert_shuffled_batches_match_eager(DenseGCN(style), graphs, constant=(1,))
+    assert all(_collated(batched)) and batched._by_value == {"argument 1"}, batched.report
+    programs = {s.graph.program for s in batched._cache.structures.values()}
+    assert batched.report.union_code[2] <= 16 * len(programs), batched.report
+
+
+def test_an_adjacency_that_requires_gradients_stays_an_input():
+    """A learned adjacency is not structure: its samples (of other sizes: no union joins them) run with the
+    model, and its gradient is eager's."""
+    model = DenseGCN("argument")
+    graphs = [(x, _adjacency(x, edges).requires_grad_()) for x, edges in _graphs()[:3]]
+    batched = dynamo_relational.batch(model, progress=False)
+    for _ in range(2):
+        outputs = batched(graphs)
+    assert not batched._by_value and batched.report.unbatched, batched.report
+    sum(o.sum() for o in outputs).backward()
+    for x, a in graphs:
+        want = torch.autograd.grad(model(x, a).sum(), a)[0]
+        torch.testing.assert_close(a.grad, want)
+
+
+def test_a_matrix_of_the_features_stays_an_input():
+    """``(x @ x.t()) @ lin(x)`` multiplies values of the features by a matrix of the features: not a structure's
+    matrix, so ``x`` stays an input (without gradients too)."""
+    class Gram(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3, dtype=torch.float64)
+
+        def forward(self, x, edges):
+            return ((x @ x.t()) @ self.lin(x)).sum(0)
+
+    batched = dynamo_relational.batch(Gram(), progress=False)
+    batched(_graphs())
+    assert not batched._by_value

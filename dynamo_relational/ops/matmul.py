@@ -240,7 +240,12 @@ def product_operands(node: Any) -> tuple[Any, Any] | None:
     if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method") or node.kwargs \
             or len(node.args) != 2:
         return None
+    return (node.args[0], node.args[1]) if is_product(node.target) else None
+
+
+def is_product(target: Any) -> bool:
+    """Whether calls of ``target`` (a function or a method's name) are two-operand matrix products."""
     try:
-        return (node.args[0], node.args[1]) if node.target in _PRODUCTS else None
+        return target in _PRODUCTS
     except TypeError:   # unhashable target
-        return None
+        return False
