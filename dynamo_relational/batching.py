@@ -767,7 +767,10 @@ def _is_structure(value: Any) -> bool:
 
 
 def _values_key(t: torch.Tensor) -> Hashable:
-    """An integer tensor's part of a structure key when it is structure: its values too."""
+    """A tensor's part of a structure key when it is structure: its values too (a sparse one's, coalesced)."""
+    if t.layout == torch.sparse_coo:
+        t = t.detach().coalesce()
+        return "sparse values", tuple(t.shape), t.dtype, t.device, *map(_values_key, (t.indices(), t.values()))
     return "tensor values", tuple(t.shape), t.dtype, t.device, t.detach().cpu().numpy().tobytes()
 
 

@@ -98,9 +98,12 @@ def reads_by_constants(graph: fx.Graph) -> bool:
     :func:`collate` may read rows by) or a matrix of its own that multiplies a value (a dense adjacency); cheap,
     for traces of per-node code to skip the rest."""
     for node in graph.find_nodes(op="get_attr"):
-        info = tensor_info(node) if own_constant(node.target) else None
-        if info is not None and (info.dtype in (torch.int64, torch.int32) or info.rank == 2 and any(
-                is_product(user.target) and user.args[:1] == (node,) for user in node.users)):
+        if not own_constant(node.target):
+            continue
+        info, value = tensor_info(node), node.meta.get("example_value")
+        if info is not None and info.dtype in (torch.int64, torch.int32) or isinstance(value, torch.Tensor) \
+                and value.dim() == 2 and any(is_product(user.target, sparse=True) and user.args[:1] == (node,)
+                                             for user in node.users):
             return True
     return False
 
@@ -296,12 +299,14 @@ class _Program:
         return summed, targets
 
     def _multiplied(self, i: int) -> Joined | None:
-        """``A @ h`` by a float constant ``A`` of each member's own (a dense adjacency, ``[n, c]`` for ``h`` of ``c``
-        rows): the sum of ``A[r, c] * h[c]`` into row ``r`` over ``A``'s nonzeros, as over an edge index: one
-        gather of the joined ``h``, a product by the nonzeros joined and one segment sum (its zeros are left out,
-        as a sparse product leaves them: ``0 * inf`` adds nothing where the dense product's is nan)."""
+        """``A @ h`` by a float constant ``A`` of each member's own (an adjacency, ``[n, c]`` for ``h`` of ``c``
+        rows; dense, or sparse by ``torch.spmm``): the sum of ``A[r, c] * h[c]`` into row ``r`` over ``A``'s
+        nonzeros, as over an edge index: one gather of the joined ``h``, a product by the nonzeros' values unless
+        all are ones, and one segment sum (a dense ``A``'s zeros are left out, as a sparse product leaves them:
+        ``0 * inf`` adds nothing where the dense product's is nan)."""
         op, target, args, kwargs, _, meta = self.records[i]
-        if op not in ("call_function", "call_method") or not is_product(target) or len(args) != 2 or kwargs:
+        if op not in ("call_function", "call_method") or not is_product(target, sparse=True) or len(args) != 2 \
+                or kwargs:
             return None
         a, h = args
         source, info = self.rows(h), record_info(self.records[i])
@@ -310,11 +315,12 @@ class _Program:
             return None
         node, counts = source
         matrices = [sample.attrs[self.records[a][1]] for _, sample in self.members]
-        if any(not isinstance(m, torch.Tensor) or m.dim() != 2 or m.shape[1] != n or m.dtype != info.dtype
-               or m.requires_grad for m, n in zip(matrices, counts)):
+        if any(not isinstance(m, torch.Tensor) or m.layout not in (torch.strided, torch.sparse_coo) or m.dim() != 2
+               or m.shape[1] != n or m.dtype != info.dtype or m.requires_grad for m, n in zip(matrices, counts)):
             return None
-        found = [m.detach().nonzero(as_tuple=True) for m in matrices]
-        weights = [m.detach()[rows, columns] for m, (rows, columns) in zip(matrices, found)]
+        sparse = [(m if m.layout == torch.sparse_coo else m.to_sparse()).detach().coalesce() for m in matrices]
+        found = [m.indices() for m in sparse]
+        weights = [m.values() for m in sparse]
         nonzeros = [(rows.cpu().numpy(), columns.cpu().numpy()) for rows, columns in found]
         edges = [len(w) for w in weights]
         message = TensorInfo((sum(edges), info.shape[1]), info.dtype, info.device)

@@ -284,6 +284,9 @@ def _input_specs(model: nn.Module, example_inputs: Sequence[Any]) -> list[_Input
         if not isinstance(t, torch.Tensor):
             raise FrontendError(f"example input {name!r} is a {type(t).__name__}; only tensors are supported "
                                 "(keep Python structure such as neighbour lists on the module)")
+        if t.layout != torch.strided:
+            raise FrontendError(f"example input {name!r} is a {t.layout} tensor; compile takes dense tensors "
+                                "(torch.compile(model, backend='relational') runs sparse ops outside its graphs)")
         specs.append(_InputSpec(name, tuple(t.shape), t.dtype, t.device))
     return specs
 

@@ -187,8 +187,13 @@ _COLLATIONS_KEPT = 4096
 
 def _sample_graph(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[int, Any]) -> SampleGraph:
     attrs = {str(n.target): _attribute(graph, str(n.target)) for n in graph.graph.find_nodes(op="get_attr")}
-    inputs = tuple(_tensor_info(n) for n in graph.graph.find_nodes(op="placeholder"))
     output = next(n for n in reversed(graph.graph.nodes) if n.op == "output")
+    for kind, nodes in (("tensor argument", graph.graph.find_nodes(op="placeholder")), ("result", output.args[0])):
+        for j, node in enumerate(nodes):
+            if tensor_info(node) is None:   # (the union joins dense tensors of static shapes)
+                raise NotBatchable(f"{kind} {j} is not a dense tensor of static shape (a sparse one runs with the "
+                                   "model)")
+    inputs = tuple(_tensor_info(n) for n in graph.graph.find_nodes(op="placeholder"))
     shapes = tuple(_tensor_info(leaf).shape for leaf in output.args[0])
     records = _records(graph.graph)
     return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, _read_whole(records))
@@ -257,8 +262,7 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
     ``x[torch.arange(k), labels]``) stay inputs, as do matrices multiplied by values of their own alone
     (``x @ x.t()``)."""
     placeholders = graph.find_nodes(op="placeholder")
-    infos = {p: tensor_info(p) for p in placeholders}
-    origin = {p: p for p, info in infos.items() if info is not None
+    origin = {p: p for p in placeholders if (info := tensor_info(p)) is not None
               and not (info.dtype.is_floating_point or info.dtype.is_complex or info.dtype == torch.bool)}
     # values computed from float matrix arguments and constants alone -> those arguments; such a value multiplying
     # one computed from other arguments (``adj @ lin(x)``; not ``(x @ x.t()) @ lin(x)``) is a structure's matrix
@@ -267,8 +271,7 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
     def arguments(value: fx.Node) -> frozenset[fx.Node]:
         return _arguments_read(value, read)
 
-    matrices = {p: frozenset((p,)) for p, info in infos.items() if info is not None and info.rank == 2
-                and info.shape[0] == info.shape[1] and info.dtype.is_floating_point}
+    matrices = {p: frozenset((p,)) for p in placeholders if _square_matrix(p)}
     if not origin and not matrices:   # (most samples: no tensor to walk the trace for)
         return []
     of_sample = set(placeholders)   # values computed from the sample's tensors
@@ -301,11 +304,18 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
         indices = [index] if isinstance(index, fx.Node) and index in origin else []
         if indices and (first in of_sample or first is not None and first not in shared and name not in _READS):
             found.update(dict.fromkeys(origin[i] for i in indices))
-        product = product_operands(node)
+        product = product_operands(node, sparse=True)
         if product is not None and product[0] in matrices and product[1] in of_sample \
                 and not matrices[product[0]] & arguments(product[1]):
             found.update(dict.fromkeys(matrices[product[0]]))
     return list(found)
+
+
+def _square_matrix(node: fx.Node) -> bool:
+    """Whether a sample's tensor argument is a square float matrix, dense or sparse."""
+    value = node.meta.get("example_value")
+    return isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[0] == value.shape[1] \
+        and value.is_floating_point()
 
 
 def _arguments_read(node: fx.Node, memo: dict[fx.Node, frozenset[fx.Node]]) -> frozenset[fx.Node]:

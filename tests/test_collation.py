@@ -151,9 +151,9 @@ def test_an_edge_list_of_one_edge_read_by_columns():
 
 class DenseGCN(nn.Module):
     """Two convolutions over a dense adjacency ``A``, ``relu(A @ h W^T + b)``, and a mean readout, as per-graph
-    code over an adjacency matrix writes them: ``A`` given (``"argument"``), filled from the edges in forward
-    (``"filled"``; ``"put"``: by ``index_put_``, counting repeated edges), or that normalized,
-    ``D^-1/2 (A + I) D^-1/2`` (``"normalized"``)."""
+    code over an adjacency matrix writes them: ``A`` given (``"argument"``; ``"spmm"``: a sparse one, multiplied by
+    ``torch.spmm`` as in Kipf and Welling's GCN code), filled from the edges in forward (``"filled"``; ``"put"``: by
+    ``index_put_``, counting repeated edges), or that normalized, ``D^-1/2 (A + I) D^-1/2`` (``"normalized"``)."""
 
     def __init__(self, style: str):
         super().__init__()
@@ -165,15 +165,16 @@ class DenseGCN(nn.Module):
         if self.style == "put":
             a = torch.zeros(len(x), len(x), dtype=x.dtype).index_put_(
                 (graph[1], graph[0]), torch.ones(graph.shape[1], dtype=x.dtype), accumulate=True)
-        elif self.style != "argument":
+        elif self.style not in ("argument", "spmm"):
             a = torch.zeros(len(x), len(x), dtype=x.dtype)
             a[graph[1], graph[0]] = 1.0
         if self.style == "normalized":
             a = a + torch.eye(len(x), dtype=x.dtype)
             degree = a.sum(1).rsqrt()
             a = degree[:, None] * a * degree[None, :]
-        h = torch.relu(a @ self.lin(x))
-        return torch.relu(a @ self.msg(h)).mean(0)
+        product = torch.spmm if self.style == "spmm" else torch.matmul
+        h = torch.relu(product(a, self.lin(x)))
+        return torch.relu(product(a, self.msg(h))).mean(0)
 
 
 def _adjacency(x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
@@ -182,26 +183,33 @@ def _adjacency(x: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     return a
 
 
-@pytest.mark.parametrize("style", ["argument", "filled", "put", "normalized"])
-def test_a_dense_adjacency_multiplies_as_a_sum_over_its_nonzeros(style):
+@pytest.mark.parametrize("style", ["argument", "spmm", "filled", "put", "normalized"])
+def test_an_adjacency_matrix_multiplies_as_a_sum_over_its_nonzeros(style):
     """``A @ h`` by the sample's adjacency (its structure: read by value) runs as one gather of the joined rows by
     the nonzeros' columns, a product by their values and one segment sum, as over an edge index."""
-    graphs = _graphs() if style != "argument" else [(x, _adjacency(x, edges)) for x, edges in _graphs()]
+    graphs = _graphs()
+    if style == "argument":
+        graphs = [(x, _adjacency(x, edges)) for x, edges in graphs]
+    elif style == "spmm":
+        graphs = [(x, _adjacency(x, edges).to_sparse()) for x, edges in graphs]
     batched = assert_shuffled_batches_match_eager(DenseGCN(style), graphs, constant=(1,))
     assert all(_collated(batched)) and batched._by_value == {"argument 1"}, batched.report
     programs = {s.graph.program for s in batched._cache.structures.values()}
     assert batched.report.union_code[2] <= 16 * len(programs), batched.report
 
 
-def test_an_adjacency_that_requires_gradients_stays_an_input():
-    """A learned adjacency is not structure: its samples (of other sizes: no union joins them) run with the
-    model, and its gradient is eager's."""
-    model = DenseGCN("argument")
-    graphs = [(x, _adjacency(x, edges).requires_grad_()) for x, edges in _graphs()[:3]]
+@pytest.mark.parametrize("style", ["argument", "spmm"])
+def test_an_adjacency_that_requires_gradients_stays_an_input(style):
+    """A learned adjacency is not structure: its samples (of other sizes, or sparse: no union joins them) run
+    with the model, and its gradient is eager's."""
+    model = DenseGCN(style)
+    graphs = [(x, (_adjacency(x, edges).to_sparse() if style == "spmm" else _adjacency(x, edges)).requires_grad_())
+              for x, edges in _graphs()[:3]]
     batched = dynamo_relational.batch(model, progress=False)
     for _ in range(2):
         outputs = batched(graphs)
-    assert not batched._by_value and batched.report.unbatched, batched.report
+    reason = "not a dense tensor of static shape" if style == "spmm" else "has shapes"
+    assert not batched._by_value and reason in batched.report.unbatched_reason, batched.report
     sum(o.sum() for o in outputs).backward()
     for x, a in graphs:
         want = torch.autograd.grad(model(x, a).sum(), a)[0]

@@ -337,6 +337,15 @@ def test_calls_that_do_not_match_the_example_inputs_are_errors():
         dynamo_relational.compile(ScalarGCN(batch, 7), batch.x, inductr=False)
 
 
+def test_a_sparse_example_input_is_a_clear_error_naming_it():
+    class SparseProduct(nn.Module):
+        def forward(self, x, adj):
+            return torch.spmm(adj, x)
+
+    with pytest.raises(FrontendError, match="example input 'adj' is a torch.sparse_coo tensor; compile takes dense"):
+        dynamo_relational.compile(SparseProduct(), (torch.randn(3, 2), torch.eye(3).to_sparse()))
+
+
 def test_train_and_eval_modes_are_traced_separately():
     class Scaled(nn.Module):
         def __init__(self):

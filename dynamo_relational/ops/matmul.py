@@ -232,20 +232,23 @@ def linear_args(node: Any) -> LinearArgs | None:
 
 #: two-operand matrix products (``mm``, ``bmm``, ``matmul``, ``@``), as functions and as methods
 _PRODUCTS = frozenset((torch.mm, torch.bmm, torch.matmul, operator.matmul, "mm", "bmm", "matmul", "__matmul__"))
+#: and those of a sparse matrix by a dense one
+_SPARSE_PRODUCTS = frozenset((torch.spmm, torch.sparse.mm))
 
 
-def product_operands(node: Any) -> tuple[Any, Any] | None:
-    """``(a, b)`` of a call ``a @ b`` (``mm``, ``bmm``, ``matmul``, as a function or a method) recorded without
-    keywords, else None."""
+def product_operands(node: Any, sparse: bool = False) -> tuple[Any, Any] | None:
+    """``(a, b)`` of a call ``a @ b`` (``mm``, ``bmm``, ``matmul``, as a function or a method; with ``sparse``,
+    also ``torch.spmm`` / ``torch.sparse.mm`` of a sparse ``a``) recorded without keywords, else None."""
     if not isinstance(node, fx.Node) or node.op not in ("call_function", "call_method") or node.kwargs \
             or len(node.args) != 2:
         return None
-    return (node.args[0], node.args[1]) if is_product(node.target) else None
+    return (node.args[0], node.args[1]) if is_product(node.target, sparse) else None
 
 
-def is_product(target: Any) -> bool:
-    """Whether calls of ``target`` (a function or a method's name) are two-operand matrix products."""
+def is_product(target: Any, sparse: bool = False) -> bool:
+    """Whether calls of ``target`` (a function or a method's name) are two-operand matrix products (with
+    ``sparse``, also those of a sparse first operand)."""
     try:
-        return target in _PRODUCTS
+        return target in _PRODUCTS or sparse and target in _SPARSE_PRODUCTS
     except TypeError:   # unhashable target
         return False
