@@ -49,7 +49,8 @@ import numpy
 import torch
 import torch.fx as fx
 
-from dynamo_relational.kernels.gather_reduce import pack_csr, unit_offsets
+from dynamo_relational.kernels.gather_reduce import GATHER_REDUCTIONS, pack_csr, unit_offsets
+from dynamo_relational.kernels.segment import csr_offsets
 from dynamo_relational.passes.gather_nodes import CONSTANT_PREFIX, names_rows
 from dynamo_relational.passes.postpone_gathers import row_wise_in
 from dynamo_relational.passes.vectorize import ROW_SAMPLES, SAMPLE
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
+_SEGMENT_REDUCE = torch.ops.dynamo_relational.segment_reduce.default
 
 
 class Slot(int):
@@ -270,21 +272,24 @@ class _Program:
     def _summed(self, i: int) -> Joined | None:
         """``z.index_add(0, index, m)``, ``z.scatter_add(0, index.view(-1, 1).expand_as(m), m)`` into new zeros (or
         a constant of zeros): one segment sum of the joined ``m``, a segment per row of the members' ``z``; onto
-        a joined ``z``, its rows plus those sums."""
+        a joined ``z``, its rows plus those sums. ``z.scatter_reduce(0, index, m, reduce, include_self=False)``
+        (and ``index_reduce``) into new zeros, as PyTorch Geometric takes the mean, maximum or minimum of
+        messages: the segment's mean, maximum or minimum, a row without messages zeros."""
         op, target, args, kwargs, _, meta = self.records[i]
-        scatter = calls(op, target, "scatter_add")
-        if not (scatter or calls(op, target, "index_add")) or len(args) != 4 or kwargs:
+        reduction = _scatter_reduction(op, target, args, kwargs)
+        if reduction is None:
             return None
-        z, dim, index, m = args
+        z, dim, index, m = args[:4]
         messages, info = self.rows(m), record_info(self.records[i])
         if messages is None or info is None or not _along_rows(self, z, dim):
             return None
-        if scatter:
+        if not calls(op, target, "index_add") and not calls(op, target, "index_reduce"):
             index = _expanded_column(self.records, index, m)
         node, counts = messages
         targets = self.counts(z)
         base = None if self._zeros(z) else self.rows(z)   # (onto a value: its rows plus their sums)
-        if targets is None or base is not None and base[1] != targets or base is None and not self._zeros(z):
+        if targets is None or base is not None and (base[1] != targets or reduction != "sum") \
+                or base is None and not self._zeros(z):
             return None
         values = self.index(index, targets)
         if values is None or [len(v) for v in values] != counts:
@@ -292,11 +297,42 @@ class _Program:
         message = record_info(self.records[m])
         if message is None or message.shape[1:] != info.shape[1:] or message.dtype != info.dtype:
             return None
-        summed = self._segment_sum(node, counts, values, targets, info, meta)
+        if reduction in GATHER_REDUCTIONS:
+            summed = self._segment_sum(node, counts, values, targets, info, meta, reduction)
+        else:
+            summed = self._segment_extreme(node, values, targets, info, meta, reduction)
         if base is not None:
             summed = new_node(self.graph, "call_function", operator.add, (base[0], summed), {})
             summed.meta.update(_source(meta), rel_info=tensor_info(base[0]))
         return summed, targets
+
+    def _segment_extreme(self, messages: fx.Node, values: list[numpy.ndarray], targets: list[int], info: TensorInfo,
+                         meta: tuple, reduce: str) -> fx.Node:
+        """The maximum (``reduce="amax"``) or minimum of the joined ``messages`` summed into rows ``values`` of each
+        member's ``targets`` rows: one gather of the messages in the order of their rows, one segment reduction,
+        and a row without messages zeros."""
+        total = int(sum(targets))
+        target_rows = _joined_index(values, targets)
+        order = numpy.argsort(target_rows, kind="stable")
+        sizes = numpy.bincount(target_rows, minlength=total)
+        row = TensorInfo((total, *info.shape[1:]), info.dtype, info.device)
+        ordered = self._gather(messages, lambda: order, len(order), info, meta)
+        offsets = self._constant(lambda: csr_offsets(sizes.tolist(), info.device), "offsets")
+        reduced = new_node(self.graph, "call_function", _SEGMENT_REDUCE, (ordered, offsets, reduce), {})
+        reduced.meta.update(_source(meta), rel_info=row)
+        samples = [s for (s, _), n in zip(self.members, targets) for _ in range(n)]
+        reduced.meta[ROW_SAMPLES] = samples
+        if sizes.all():
+            return reduced
+        empty = TensorInfo((total, *[1] * (len(info.shape) - 1)), torch.bool, info.device)
+        joined = self._constant(lambda: torch.from_numpy(sizes == 0).view(empty.shape).to(info.device), "empty",
+                                index=False)
+        joined.meta["rel_info"] = empty
+        mask = self._gather(joined, lambda: numpy.arange(total), total, empty, meta)
+        mask.meta[ROW_SAMPLES] = samples
+        zeroed = new_node(self.graph, "call_function", torch.where, (mask, 0.0, reduced), {})
+        zeroed.meta.update(_source(meta), rel_info=row)
+        return zeroed
 
     def _multiplied(self, i: int) -> Joined | None:
         """``A @ h`` by a float constant ``A`` of each member's own (an adjacency, ``[n, c]`` for ``h`` of ``c``
@@ -337,9 +373,9 @@ class _Program:
         return self._segment_sum(product, edges, [rows for rows, _ in nonzeros], targets, info, meta), targets
 
     def _segment_sum(self, messages: fx.Node, counts: list[int], values: list[numpy.ndarray], targets: list[int],
-                     info: TensorInfo, meta: tuple) -> fx.Node:
-        """The joined ``messages`` (``counts`` rows of each member) summed into rows ``values`` of each member's
-        ``targets`` rows (a row without messages: zeros)."""
+                     info: TensorInfo, meta: tuple, reduce: str = "sum") -> fx.Node:
+        """The joined ``messages`` (``counts`` rows of each member) summed (``reduce="mean"``: averaged) into rows
+        ``values`` of each member's ``targets`` rows (a row without messages: zeros)."""
         total = int(sum(targets))
 
         def segments() -> torch.Tensor:   # (each member's messages summed into its rows, in their order)
@@ -350,7 +386,7 @@ class _Program:
             return pack_csr(torch.from_numpy(offsets), torch.from_numpy(order), int(sum(counts))).to(info.device)
 
         csr = self._constant(segments, "segments")
-        summed = new_node(self.graph, "call_function", _GATHER_REDUCE, (messages, csr, total, "sum"), {})
+        summed = new_node(self.graph, "call_function", _GATHER_REDUCE, (messages, csr, total, reduce), {})
         summed.meta.update(_source(meta), rel_info=TensorInfo((total, *info.shape[1:]), info.dtype, info.device))
         summed.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, targets) for _ in range(n)]
         return summed
@@ -561,6 +597,23 @@ def _rows_layout(op: str, target: Any, args: tuple, kwargs: dict, records: Seque
         return None if y is None or y.shape != out.shape else ((rows, *out.shape[1:]),)
     if target == "unsqueeze" and len(args) == 2 and type(args[1]) is int and args[1] % len(out.shape) != 0:
         return (args[1],)
+    return None
+
+
+def _scatter_reduction(op: str, target: Any, args: tuple, kwargs: dict) -> str | None:
+    """How a call of four or more arguments ``(z, dim, index, m)`` reduces the rows of ``m`` into ``z``: "sum"
+    (``index_add``, ``scatter_add``, a scatter or index reduction's "sum"), or "mean", "amax" or "amin" of a
+    scatter or index reduction that leaves ``z``'s own values out (``include_self=False``); else None."""
+    if calls(op, target, "index_add") or calls(op, target, "scatter_add"):
+        return "sum" if len(args) == 4 and not kwargs else None
+    if not (calls(op, target, "scatter_reduce") or calls(op, target, "index_reduce")) or len(args) not in (4, 5) \
+            or not set(kwargs) <= {"reduce", "include_self"}:
+        return None
+    reduce = args[4] if len(args) == 5 else kwargs.get("reduce")
+    include_self = kwargs.get("include_self", True)
+    if reduce == "sum" and include_self is True and calls(op, target, "scatter_reduce") \
+            or reduce in ("mean", "amax", "amin") and include_self is False:
+        return reduce
     return None
 
 

@@ -4,8 +4,8 @@ Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 ``alpha``) into ``acc + t``, an activation with ``inplace=True``
 (``nn.ReLU(inplace=True)``) into the plain call, and an in-place method or
 function whose plain form is in the neuron-op catalog (``h.relu_()``,
-``torch.sigmoid_(h)``), or is a sum of rows into a tensor (``index_add_``,
-``scatter_add_``), into that form, and ``t.fill_(v)`` or ``t.zero_()`` of a
+``torch.sigmoid_(h)``), or is a sum or reduction of rows into a tensor (``index_add_``,
+``scatter_add_``, ``scatter_reduce_``, ``index_reduce_``), into that form, and ``t.fill_(v)`` or ``t.zero_()`` of a
 new tensor ``t`` into the call that makes it filled (``x.new(1, d).fill_(0.)`` into
 ``x.new_full((1, d), 0.)``), and ``t.requires_grad_()`` of such a new tensor into
 the call that makes it with ``requires_grad=True``. Legal when ``acc`` (``h``) is a fresh
@@ -53,9 +53,10 @@ def _drop_read_only_clones(graph: fx.Graph) -> None:
             graph.erase_node(node)
 
 
-#: in-place sums of rows into a tensor (``m.new_zeros(n, d).scatter_add_(0, index, m)``, as PyTorch Geometric sums
-#: messages), whose plain forms the catalog does not group but a union collates (``dynamo_relational.collation``)
-_SUMS_INTO = frozenset(("index_add_", "scatter_add_"))
+#: in-place sums and reductions of rows into a tensor (``m.new_zeros(n, d).scatter_add_(0, index, m)``, as PyTorch
+#: Geometric aggregates messages), whose plain forms the catalog does not group but a union collates
+#: (``dynamo_relational.collation``)
+_REDUCED_INTO = frozenset(("index_add_", "scatter_add_", "scatter_reduce_", "index_reduce_"))
 
 
 def _pure_call(node: fx.Node):
@@ -75,7 +76,7 @@ def _pure_call(node: fx.Node):
         return None
     if node.op == "call_method":
         plain = name[:-1]
-        known = REGISTRY.knows(node.op, plain) or name in _SUMS_INTO
+        known = REGISTRY.knows(node.op, plain) or name in _REDUCED_INTO
         return (node.op, plain, dict(kwargs)) if known else None
     for module in (torch, F):   # torch.relu_ -> torch.relu, F.elu_ -> F.elu
         if getattr(module, name, None) is node.target:

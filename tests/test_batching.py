@@ -602,11 +602,13 @@ def test_nodes_without_messages_batch_in_any_readout(readout):
     assert_shuffled_batches_match_eager(Readout(), graphs)
 
 
-@pytest.mark.parametrize("layer", ["GraphConv", "GINConv", "GCNConv", "SAGEConv"])
+@pytest.mark.parametrize("layer", ["GraphConv", "GINConv", "GCNConv", "SAGEConv", "SAGEConv max", "GATConv",
+                                   "TransformerConv", "EdgeConv"])
 def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
     """A PyG layer called on one ``Data`` (``index_select`` by the edges' sources, ``scatter_add_`` of the
     messages into a new tensor of zeros, GCN's normalization computed from the edges alone, SAGE's mean: the
-    sums divided by counts of the edges expanded along the rows)."""
+    sums divided by counts of the edges expanded along the rows; a maximum, ``scatter_reduce_(..., "amax",
+    include_self=False)``, and the attention's softmax over each node's incoming edges built on it)."""
     pyg = pytest.importorskip("torch_geometric")
     from torch_geometric.data import Data
 
@@ -615,14 +617,18 @@ def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
             super().__init__()
             self.conv = {"GraphConv": lambda: pyg.nn.GraphConv(3, 4), "GCNConv": lambda: pyg.nn.GCNConv(3, 4),
                          "GINConv": lambda: pyg.nn.GINConv(nn.Linear(3, 4)),
-                         "SAGEConv": lambda: pyg.nn.SAGEConv(3, 4)}[layer]()
+                         "SAGEConv": lambda: pyg.nn.SAGEConv(3, 4),
+                         "SAGEConv max": lambda: pyg.nn.SAGEConv(3, 4, aggr="max"),
+                         "GATConv": lambda: pyg.nn.GATConv(3, 4, heads=2),
+                         "TransformerConv": lambda: pyg.nn.TransformerConv(3, 4),
+                         "EdgeConv": lambda: pyg.nn.EdgeConv(nn.Linear(6, 4))}[layer]()
 
         def forward(self, data):
             return torch.relu(self.conv(data.x, data.edge_index)).mean(0)
 
     graphs = [(Data(x=x, edge_index=edges),) for x, edges in _edge_list_graphs("h[src]")]
     batched = assert_shuffled_batches_match_eager(OneGraph().double(), graphs)
-    assert batched.report.union_nodes[1] < 60, batched.report
+    assert batched.report.union_nodes[1] < 90, batched.report
 
 
 def test_graphs_of_one_shape_with_other_edges_are_other_structures():

@@ -230,3 +230,41 @@ def test_a_matrix_of_the_features_stays_an_input():
     batched = dynamo_relational.batch(Gram(), progress=False)
     batched(_graphs())
     assert not batched._by_value
+
+
+@pytest.mark.parametrize("reduce", ["mean", "amax", "amin"])
+@pytest.mark.parametrize("call", ["scatter_reduce_", "index_reduce"])
+def test_a_reduction_of_messages_into_each_node_is_one_segment_reduction(reduce, call):
+    """``z.scatter_reduce_(0, dst.view(-1, 1).expand_as(m), m, reduce, include_self=False)`` into new zeros (as
+    PyTorch Geometric aggregates messages), or ``index_reduce``: each node's mean, maximum or minimum of its
+    messages, zeros where none come, for all samples at once."""
+    class Aggregation(EdgeConv):
+        def forward(self, x, edges):
+            src, dst = edges
+            m = self.lin(x)[src]
+            if call == "index_reduce":
+                out = torch.zeros(len(x), 4, dtype=x.dtype).index_reduce(0, dst, m, reduce, include_self=False)
+            else:
+                out = m.new_zeros(len(x), 4).scatter_reduce_(0, dst.view(-1, 1).expand_as(m), m, reduce,
+                                                             include_self=False)
+            return torch.relu(out + self.msg.bias).sum(0)
+
+    batched = assert_shuffled_batches_match_eager(Aggregation(), _graphs())
+    assert all(_collated(batched)), batched.report
+
+
+def test_a_maximum_that_includes_the_zeros_it_starts_from_runs_as_eager():
+    """With ``include_self=True`` a node's maximum also counts the zero it starts from (and shares its gradient
+    with it at a tie): not a segment maximum of the messages, so it is left as the sample's own op."""
+    class WithSelf(EdgeConv):
+        def forward(self, x, edges):
+            src, dst = edges
+            m = torch.relu(self.lin(x))[src]
+            return torch.zeros(len(x), 4, dtype=x.dtype).scatter_reduce(
+                0, dst.view(-1, 1).expand_as(m), m, "amax").sum(0)
+
+    model = WithSelf()
+    batched = dynamo_relational.batch(model, progress=False)
+    for _ in range(2):
+        assert_batches_match_eager(batched, model, _graphs(), through_union=False)
+    assert not any(_collated(batched))
