@@ -5,7 +5,8 @@ and, for the TreeLSTMs, code batched by hand.
                                  [--epochs 4] [--max-union-nodes N]
                                  [--threads 1] [--device cpu]
 
-For each model of ``examples/per_sample.py`` (written for one sample), trains
+For each model of ``examples/per_sample.py`` (written for one sample; ``gat``:
+:class:`MoleculeGAT`, written with PyTorch Geometric's layers), trains
 ``--epochs`` epochs of SGD over the same shuffled mini-batches in one process,
 from the same weights. In the first two epochs, which trace and group and run
 long while the machine's speed drifts, the systems take turns batch by batch
@@ -19,7 +20,7 @@ epoch, so that each system's steps run after its own, as in a training loop:
 * ``by hand`` (the TreeLSTMs): :func:`level_batched_tree_lstm`, the same cell
   written for a whole batch, every node of one height at once, as DGL-style
   hand-batched code does: the bar a compiler that batches for the user should reach;
-* ``PyG`` (molecule GCNs, GIN and GraphSAGE): :func:`pyg_molecules`, the same model written
+* ``PyG`` (molecule GCNs, GIN, GraphSAGE and GAT): :func:`pyg_molecules`, the same model written
   with PyTorch Geometric, its batches collated from ``Data`` objects as PyG's
   ``DataLoader`` does.
 
@@ -90,9 +91,36 @@ def level_batched_tree_lstm(model: TreeLSTM | ChildSumTreeLSTM, samples: list[tu
     return list(h[roots])
 
 
+class MoleculeGAT(nn.Module):
+    """Two graph attention layers (PyTorch Geometric's ``GATConv``, two heads), mean pooling and a sigmoid
+    readout, for one molecule: per-graph code written with PyG's layers, called on the molecule's edge index.
+    Its PyG peer calls the same layers on each collated batch."""
+
+    def __init__(self, features: int, hidden: int = 8, heads: int = 2):
+        super().__init__()
+        from torch_geometric.nn import GATConv
+
+        self.convs = nn.ModuleList([GATConv(features, hidden, heads), GATConv(hidden * heads, hidden, heads)])
+        self.readout = nn.Linear(hidden * heads, 1)
+
+    def forward(self, in_nbrs: list[list[int]], x: torch.Tensor) -> torch.Tensor:
+        edge_index = torch.tensor([[u for nbrs in in_nbrs for u in nbrs],
+                                   [v for v, nbrs in enumerate(in_nbrs) for _ in nbrs]], device=x.device)
+        return torch.sigmoid(self.readout(self.nodes(x, edge_index).mean(0)))
+
+    def nodes(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = torch.relu(conv(x, edge_index))
+        return x
+
+
+#: the models: ``examples/per_sample.py``'s, and those written with PyG's layers (on its molecules)
+KINDS = {**MODELS, "gat": (MoleculeGAT, MODELS["gcn"][1])}
+
+
 def pyg_molecules(model: nn.Module, data: list[tuple]) -> Callable[[list[tuple]], list[torch.Tensor]]:
-    """``model`` (a :class:`MoleculeGCN`, :class:`MoleculeGIN` or :class:`MoleculeSAGE`) written with PyTorch
-    Geometric: each sample of ``data`` stored once as a ``Data`` object, as a PyG data set holds it, and every
+    """``model`` (a :class:`MoleculeGCN`, :class:`MoleculeGIN`, :class:`MoleculeSAGE` or :class:`MoleculeGAT`)
+    written with PyTorch Geometric: each sample of ``data`` stored once as a ``Data`` object, as a PyG data set holds it, and every
     batch collated by ``Batch.from_data_list`` (what PyG's ``DataLoader`` does) and computed with scatter sums
     (means) over its edges."""
     from torch_geometric.data import Batch, Data
@@ -105,7 +133,9 @@ def pyg_molecules(model: nn.Module, data: list[tuple]) -> Callable[[list[tuple]]
     def forward(samples: list[tuple]) -> list[torch.Tensor]:
         batch = Batch.from_data_list([graphs[id(x)] for _, x in samples])
         (source, target), h = batch.edge_index, batch.x
-        if isinstance(model, MoleculeGCN):
+        if isinstance(model, MoleculeGAT):
+            pooled = scatter(model.nodes(h, batch.edge_index), batch.batch, 0, batch.num_graphs, reduce="mean")
+        elif isinstance(model, MoleculeGCN):
             for conv in model.convs:
                 h = torch.relu(scatter(h[source] @ conv.weight.t(), target, 0, h.shape[0], reduce="sum") + conv.bias)
             pooled = scatter(h, batch.batch, 0, batch.num_graphs, reduce="mean")
@@ -155,16 +185,17 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     torch.manual_seed(0)
     gc.collect()
     resident_before = resident_mb()
-    data = [(structure, x.to(device)) for structure, x in dataset(kind, samples, treebank=treebank)]
+    data = [(structure, x.to(device)) for structure, x in dataset("gcn" if kind == "gat" else kind, samples,
+                                                                   treebank=treebank)]
     targets = torch.randn(samples, device=device)
-    eager = MODELS[kind][0](data[0][1].shape[1]).to(device)
+    eager = KINDS[kind][0](data[0][1].shape[1]).to(device)
     model = copy.deepcopy(eager)
     systems = {"eager": (eager, lambda batch: [eager(*s) for s in batch]),
                "batched": (model, dynamo_relational.batch(model, progress=False, max_union_nodes=max_union_nodes))}
     if kind in ("treelstm", "childsum"):
         by_hand = copy.deepcopy(eager)
         systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, batch))
-    if kind in ("gcn", "gcn_edges", "gcn_dense", "gin", "sage", "sage_edges"):
+    if kind in ("gcn", "gcn_edges", "gcn_dense", "gin", "sage", "sage_edges", "gat"):
         pyg = copy.deepcopy(eager)
         systems["PyG"] = (pyg, pyg_molecules(pyg, data))
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=0.01) for name, (m, _) in systems.items()}
@@ -201,7 +232,7 @@ def _median_us(seconds: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=sorted(MODELS),
+    parser.add_argument("--models", nargs="+", choices=sorted(KINDS),
                         default=["treelstm", "childsum", "treernn", "gcn", "gin"])
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--batch", type=int, default=25)

@@ -262,20 +262,29 @@ def test_level_batched_tree_lstm_equals_the_per_tree_model(kind):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["gcn", "gin", "sage", "sage_edges"])
+@pytest.mark.parametrize("kind", ["gcn", "gin", "sage", "sage_edges", "gat"])
 def test_pyg_molecules_equal_the_per_molecule_model(kind):
     pytest.importorskip("torch_geometric")
-    from benchmarks.dynamic import pyg_molecules
-    from examples.per_sample import MODELS, dataset
+    from benchmarks.dynamic import KINDS, pyg_molecules
+    from examples.per_sample import dataset
 
     torch.manual_seed(0)
-    data = dataset(kind, 5, features=4, dtype=torch.float64)
-    model = MODELS[kind][0](4, hidden=5).double()
+    data = dataset("gcn" if kind == "gat" else kind, 5, features=4, dtype=torch.float64)
+    model = KINDS[kind][0](4, hidden=5).double()
     got, want = pyg_molecules(model, data)(data[::-1]), [model(*s) for s in data[::-1]]
     torch.testing.assert_close(torch.stack(got), torch.stack(want), rtol=1e-10, atol=1e-12)
     grads = [torch.autograd.grad(torch.stack(outs).square().sum(), list(model.parameters())) for outs in (got, want)]
     for g, w in zip(*grads):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def test_dynamic_benchmark_trains_a_model_of_pyg_layers_batched_and_with_pyg_as_eager():
+    pytest.importorskip("torch_geometric")
+    from benchmarks import dynamic
+
+    [result] = dynamic.main(["--models", "gat", "--samples", "12", "--batch", "4", "--epochs", "3"])
+    assert result["report"].unbatched == 0 and result["report"].unions == 1, result["report"]
+    assert max(result["weight_diff"].values()) < 1e-5, result["weight_diff"]
 
 
 def test_ordinary_benchmark_compiles_a_cell_loop_with_both_backends():
