@@ -120,9 +120,9 @@ KINDS = {**MODELS, "gat": (MoleculeGAT, MODELS["gcn"][1])}
 
 def pyg_molecules(model: nn.Module, data: list[tuple]) -> Callable[[list[tuple]], list[torch.Tensor]]:
     """``model`` (a :class:`MoleculeGCN`, :class:`MoleculeGIN`, :class:`MoleculeSAGE` or :class:`MoleculeGAT`)
-    written with PyTorch Geometric: each sample of ``data`` stored once as a ``Data`` object, as a PyG data set holds it, and every
-    batch collated by ``Batch.from_data_list`` (what PyG's ``DataLoader`` does) and computed with scatter sums
-    (means) over its edges."""
+    written with PyTorch Geometric: each sample of ``data`` stored once as a ``Data`` object, as a PyG data set
+    holds it, and every batch collated by ``Batch.from_data_list`` (what PyG's ``DataLoader`` does) and computed
+    with scatter sums (means) over its edges, or with the GAT's own layers."""
     from torch_geometric.data import Batch, Data
     from torch_geometric.utils import scatter
 
