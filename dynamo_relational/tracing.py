@@ -68,7 +68,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     try:
         with torch.enable_grad():   # the graph serves calls with and without gradients: record no_grad blocks
             if live:
-                tracer, result = _recorded(model, inputs, names, progress, attributes, objects, before)
+                tracer, result = _recorded(model, inputs, names, progress, attributes, objects, before, check)
             else:
                 tracer, result = _traced(model, inputs, names, progress, generators, attributes), None
         _refuse_changes_to_the_model(model, attributes, objects, before)
@@ -103,8 +103,8 @@ def _put_back(changeable: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,
-              attributes: HeldAttributes, objects: PlainObjects, before: ModuleAttributes
-              ) -> tuple[Recording | Tracer, tuple]:
+              attributes: HeldAttributes, objects: PlainObjects, before: ModuleAttributes,
+              check: Callable[[fx.Graph], None] | None = None) -> tuple[Recording | Tracer, tuple]:
     """The graph of ``model``'s call on ``inputs``, recorded while the call runs (:mod:`~dynamo_relational.
     recorder`), and the call's result in a 1-tuple. Where the recording gives up, the call has run as eager's
     and its result stands; the graph is then traced from copies of the tensors (nothing the call changed is
@@ -124,8 +124,16 @@ def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str]
     if recording.unusable is not None:
         log.debug("relational: recording %s gave up (%s); tracing from copies", type(model).__name__,
                   recording.unusable)
-    tracer = recording if recording.unusable is None else from_copies()
-    return tracer, cast(tuple, recording.call_result)
+        if check is not None:   # (what it recorded, up to the op it gave up at, may be refused already)
+            check(recording.graph)
+    if recording.unusable is None:
+        return recording, cast(tuple, recording.call_result)
+    try:
+        return from_copies(), cast(tuple, recording.call_result)
+    except DataDependenceError:
+        raise
+    except FrontendError as e:   # (library code may fail on proxies before the tracer finds what the call did)
+        raise FrontendError(f"{e}\nWhile the call ran, its recording found: {recording.unusable}.") from e
 
 
 def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,

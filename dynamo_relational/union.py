@@ -241,16 +241,16 @@ def _unneeded(records: Sequence[tuple], collated: frozenset[int]) -> frozenset[i
 
 #: calls that read or write rows of their first operand by an index tensor (along dim 0), and its position
 _INDEXED_READS: dict[tuple[str, Any], int] = {
-    (op, name): 2 for name in ("index_select", "index_add", "index_copy", "index_fill", "gather", "scatter",
-                               "scatter_add", "scatter_reduce", "index_reduce")
-    for op in ("call_method", "call_function")}
+    (op, name): 2 for plain in ("index_select", "index_add", "index_copy", "index_fill", "gather", "scatter",
+                                "scatter_add", "scatter_reduce", "index_reduce")
+    for name in (plain, f"{plain}_") for op in ("call_method", "call_function")}
 #: ``x.index_put_((rows, ...), values)``, as ``x[rows, ...] = values``
 _PUTS = frozenset(("index_put", "index_put_"))
 #: the indexed calls that read their first operand's rows (the others write into them)
 _READS = frozenset(("getitem", "index_select", "gather"))
 #: calls whose result holds values of their first operand as they are (an edge list's row, ``src, dst = edges``)
 _VALUE_VIEWS = frozenset(("t", "view", "reshape", "flatten", "squeeze", "unsqueeze", "contiguous", "unbind",
-                          "select", "long", "clone"))
+                          "select", "long", "clone", "expand", "expand_as"))
 
 
 def structure_inputs(graph: fx.Graph) -> list[fx.Node]:

@@ -603,7 +603,7 @@ def test_nodes_without_messages_batch_in_any_readout(readout):
 
 
 @pytest.mark.parametrize("layer", ["GraphConv", "GINConv", "GCNConv", "SAGEConv", "SAGEConv max", "GATConv",
-                                   "TransformerConv", "EdgeConv"])
+                                   "TransformerConv", "EdgeConv", "TAGConv"])
 def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
     """A PyG layer called on one ``Data`` (``index_select`` by the edges' sources, ``scatter_add_`` of the
     messages into a new tensor of zeros, GCN's normalization computed from the edges alone, SAGE's mean: the
@@ -621,7 +621,8 @@ def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
                          "SAGEConv max": lambda: pyg.nn.SAGEConv(3, 4, aggr="max"),
                          "GATConv": lambda: pyg.nn.GATConv(3, 4, heads=2),
                          "TransformerConv": lambda: pyg.nn.TransformerConv(3, 4),
-                         "EdgeConv": lambda: pyg.nn.EdgeConv(nn.Linear(6, 4))}[layer]()
+                         "EdgeConv": lambda: pyg.nn.EdgeConv(nn.Linear(6, 4)),
+                         "TAGConv": lambda: pyg.nn.TAGConv(3, 4)}[layer]()
 
         def forward(self, data):
             return torch.relu(self.conv(data.x, data.edge_index)).mean(0)
@@ -1564,6 +1565,24 @@ def test_a_list_of_traced_values_assigned_to_the_model_is_a_clear_error_naming_t
     with pytest.raises(FrontendError, match=r"sample 0: .*stores a traced value in _OutputsOnTheModel.outputs"):
         batched(trees)
     assert not hasattr(model, "outputs") and batched.report.structures == 0
+
+
+def test_code_that_fails_on_the_tracers_proxies_is_an_error_naming_what_its_recording_found():
+    """Library code that checks for real tensors (``isinstance(x, torch.Tensor)``) fails on the tracer's
+    proxies, which trace a call whose recording gave up (here: forward keeps a traced value on the model): the
+    error says what the recording found too."""
+    class KeepsAValue(nn.Module):
+        def forward(self, x):
+            if not isinstance(x, torch.Tensor):
+                raise ValueError("x must be a tensor")
+            self.kept = x * 2
+            return x.sum()
+
+    batched = dynamo_relational.batch(KeepsAValue(), progress=False)
+    with pytest.raises(FrontendError, match=r"(?s)sample 0: ValueError while tracing .*x must be a tensor.*its "
+                                            r"recording found: forward stored a traced value in the model"):
+        batched([(torch.randn(3),)])
+    assert batched.report.structures == 0
 
 
 def test_an_error_about_forward_names_the_users_model_and_the_sample():

@@ -268,3 +268,19 @@ def test_a_maximum_that_includes_the_zeros_it_starts_from_runs_as_eager():
     for _ in range(2):
         assert_batches_match_eager(batched, model, _graphs(), through_union=False)
     assert not any(_collated(batched))
+
+
+def test_an_edge_index_that_writes_into_a_new_tensor_in_place_is_structure():
+    """``torch.zeros(n).scatter_add_(0, dst, ones)`` (in-degrees counted from the edges, as PyG's normalizations
+    count them) writes into a tensor made in forward by the sample's edges: they are its structure, read by
+    value, although the first call's recording stops at that write."""
+    class Degrees(EdgeConv):
+        def forward(self, x, edges):
+            src, dst = edges
+            degree = torch.zeros(len(x), dtype=x.dtype).scatter_add_(
+                0, dst, torch.ones(dst.shape[0], dtype=x.dtype)).clamp(min=1)
+            h = torch.zeros(len(x), 4, dtype=x.dtype).index_add(0, dst, self.lin(x)[src])
+            return (h / degree[:, None]).sum(0)
+
+    batched = assert_shuffled_batches_match_eager(Degrees(), _graphs())
+    assert batched._by_value == {"argument 1"} and all(_collated(batched)), batched.report
