@@ -1,7 +1,8 @@
 """Property tests over random per-graph programs that work on all of a sample's rows at once: layers over the
 node-feature matrix, elementwise ops and joins of two values with a row per node, ops within each row, sums and
-means of the rows of each node's in-neighbours by the graph's edge list (``index_add``), and a reduction over the
-rows or a loss against per-node targets. ``batch`` runs each as one union over all samples'
+means of the rows of each node's in-neighbours by the graph's edge list (``index_add``), their mean, maximum or
+minimum (``scatter_reduce_``), products by the graph's adjacency matrix, and a reduction over the rows or a loss
+against per-node targets. ``batch`` runs each as one union over all samples'
 rows, and equals eager: outputs and gradients, sample by sample."""
 import os
 import random
@@ -31,6 +32,8 @@ _step = st.one_of(
     st.tuples(st.just("scaled by row sum"), st.integers(0, 99)),
     st.tuples(st.just("neighbour sum"), st.integers(0, 99)),
     st.tuples(st.just("neighbour mean"), st.sampled_from(["broadcast", "expand_as"]), st.integers(0, 99)),
+    st.tuples(st.just("neighbour reduction"), st.sampled_from(["mean", "amax", "amin"]), st.integers(0, 99)),
+    st.tuples(st.just("adjacency product"), st.integers(0, 99)),
 )
 programs = st.tuples(st.lists(_step, min_size=1, max_size=6), st.sampled_from(_RESULTS))
 
@@ -70,6 +73,14 @@ class RowsProgram(nn.Module):
                 sums = torch.zeros_like(pick[0]).index_add(0, dst, pick[0][src])
                 counts = counts.clamp(min=1)
                 out = sums / (counts if args[0] == "broadcast" else counts.expand_as(sums))
+            elif kind == "neighbour reduction":   # (PyG's mean, max and min of messages)
+                messages = pick[0][src]
+                out = messages.new_zeros(pick[0].shape).scatter_reduce_(
+                    0, dst.view(-1, 1).expand_as(messages), messages, args[0], include_self=False)
+            elif kind == "adjacency product":   # (a dense adjacency made from the edges, repeated edges counted)
+                adjacency = torch.zeros(len(x), len(x), dtype=x.dtype).index_put_(
+                    (dst, src), torch.ones(len(dst), dtype=x.dtype), accumulate=True)
+                out = adjacency @ pick[0]
             else:
                 out = pick[0] * pick[0].sum(1, keepdim=True)
             values.append(out)
