@@ -55,7 +55,7 @@ from .ops.aggregate import REDUCTIONS, aggregate
 from .ops.along import GATHER_ALONG
 from .ops.elementwise import ELEMENTWISE
 from .ops.losses import LOSS, loss_call
-from .ops.facts import is_factory, is_forward_constant_name
+from .ops.facts import is_factory, is_forward_constant
 from .ops.matmul import product_operands
 from .options import Options
 from .progress import NONE as NO_PROGRESS, CompileProgress
@@ -244,6 +244,8 @@ _INDEXED_READS: dict[tuple[str, Any], int] = {
     (op, name): 2 for plain in ("index_select", "index_add", "index_copy", "index_fill", "gather", "scatter",
                                 "scatter_add", "scatter_reduce", "index_reduce")
     for name in (plain, f"{plain}_") for op in ("call_method", "call_function")}
+#: joins of tensors along a dim
+_JOINS = frozenset(("cat", "concat", "concatenate", "stack"))
 #: ``x.index_put_((rows, ...), values)``, as ``x[rows, ...] = values``
 _PUTS = frozenset(("index_put", "index_put_"))
 #: the indexed calls that read their first operand's rows (the others write into them)
@@ -262,7 +264,9 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
     ``x[torch.arange(k), labels]``) stay inputs, as do matrices multiplied by values of their own alone
     (``x @ x.t()``)."""
     placeholders = graph.find_nodes(op="placeholder")
-    origin = {p: p for p in placeholders if (info := tensor_info(p)) is not None
+    # integer arguments, and the values holding their values as they are (rows of an edge list, an edge list with
+    # self-loops joined) -> those arguments
+    origin = {p: (p,) for p in placeholders if (info := tensor_info(p)) is not None
               and not (info.dtype.is_floating_point or info.dtype.is_complex or info.dtype == torch.bool)}
     # values computed from float matrix arguments and constants alone -> those arguments; such a value multiplying
     # one computed from other arguments (``adj @ lin(x)``; not ``(x @ x.t()) @ lin(x)``) is a structure's matrix
@@ -276,7 +280,7 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
         return []
     of_sample = set(placeholders)   # values computed from the sample's tensors
     # the model's tensors and values computed from them alone: rows written into anything else are the sample's
-    shared = set(n for n in graph.find_nodes(op="get_attr") if not is_forward_constant_name(str(n.target)))
+    shared = set(n for n in graph.find_nodes(op="get_attr") if not is_forward_constant(n))
     found: dict[fx.Node, None] = {}
     for node in graph.nodes:
         if node.op not in ("call_function", "call_method"):
@@ -292,8 +296,11 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
         if first in origin and (name in _VALUE_VIEWS or (node.target is operator.getitem
                                                          and not flat_nodes(args[1:]))):
             origin[node] = origin[first]
+        elif name in _JOINS and node.op == "call_function" and args and isinstance(args[0], (list, tuple)) \
+                and any(a in origin for a in args[0]) and all(a in origin or is_forward_constant(a) for a in args[0]):
+            origin[node] = tuple(p for a in args[0] for p in origin.get(a, ()))
         if matrices and any(a in matrices for a in inputs) and all(
-                a in matrices or a.op == "get_attr" and is_forward_constant_name(str(a.target)) for a in inputs):
+                a in matrices or is_forward_constant(a) for a in inputs):
             matrices[node] = frozenset().union(*(matrices.get(a, ()) for a in inputs))
         if (node.target in (operator.getitem, operator.setitem) or name in _PUTS) and len(args) >= 2:
             index = args[1][0] if isinstance(args[1], (tuple, list)) and args[1] else args[1]   # (x[rows, ...])
@@ -303,7 +310,7 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
             index = args[at] if along_rows else None
         indices = [index] if isinstance(index, fx.Node) and index in origin else []
         if indices and (first in of_sample or first is not None and first not in shared and name not in _READS):
-            found.update(dict.fromkeys(origin[i] for i in indices))
+            found.update(dict.fromkeys(p for i in indices for p in origin[i]))
         product = product_operands(node, sparse=True)
         if product is not None and product[0] in matrices and product[1] in of_sample \
                 and not matrices[product[0]] & arguments(product[1]):

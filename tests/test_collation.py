@@ -284,3 +284,17 @@ def test_an_edge_index_that_writes_into_a_new_tensor_in_place_is_structure():
 
     batched = assert_shuffled_batches_match_eager(Degrees(), _graphs())
     assert batched._by_value == {"argument 1"} and all(_collated(batched)), batched.report
+
+
+def test_an_edge_index_joined_with_self_loops_is_structure():
+    """``torch.cat([edges, torch.stack([loops, loops])], 1)`` (PyG's ``add_self_loops``) holds the edges' values
+    as they are: reads by it read the edges by value, and the layer collates."""
+    class SelfLoops(EdgeConv):
+        def forward(self, x, edges):
+            loops = torch.arange(len(x))
+            src, dst = torch.cat([edges, torch.stack([loops, loops])], 1)
+            h = self.lin(x)
+            return torch.zeros_like(h).index_add(0, dst, h[src]).sum(0)
+
+    batched = assert_shuffled_batches_match_eager(SelfLoops(), _graphs())
+    assert batched._by_value == {"argument 1"} and all(_collated(batched)), batched.report
