@@ -760,8 +760,8 @@ def _is_index(value: Any) -> bool:
 
 
 def _is_structure(value: Any) -> bool:
-    """Whether ``value`` may be read by value, as structure: an integer tensor, or a float one (a dense
-    adjacency) that does not require gradients."""
+    """Whether ``value`` may be read by value, as structure: an integer tensor, or a float one (an adjacency,
+    dense or sparse) that does not require gradients."""
     return isinstance(value, torch.Tensor) and not value.is_complex() and not (
         value.is_floating_point() and value.requires_grad)
 

@@ -97,8 +97,8 @@ def own_constant(target: Any) -> bool:
 
 def reads_by_constants(graph: fx.Graph) -> bool:
     """Whether a sample's traced ``graph`` holds an integer constant of its own (an edge index that
-    :func:`collate` may read rows by) or a matrix of its own that multiplies a value (a dense adjacency); cheap,
-    for traces of per-node code to skip the rest."""
+    :func:`collate` may read rows by) or a matrix of its own that multiplies a value (an adjacency); cheap, for
+    traces of per-node code to skip the rest."""
     for node in graph.find_nodes(op="get_attr"):
         if not own_constant(node.target):
             continue
@@ -308,7 +308,7 @@ class _Program:
 
     def _segment_extreme(self, messages: fx.Node, values: list[numpy.ndarray], targets: list[int], info: TensorInfo,
                          meta: tuple, reduce: str) -> fx.Node:
-        """The maximum (``reduce="amax"``) or minimum of the joined ``messages`` summed into rows ``values`` of each
+        """The maximum (``reduce="amax"``) or minimum of the joined ``messages`` into rows ``values`` of each
         member's ``targets`` rows: one gather of the messages in the order of their rows, one segment reduction,
         and a row without messages zeros."""
         total = int(sum(targets))
@@ -494,8 +494,8 @@ def program_key(sample: "SampleGraph", collated: frozenset[int]) -> Hashable:
     for i in collated:   # (and what holds rows among their operands, not the shared values, whose shapes never change)
         counted.update(int(a) for a in record_slots(records[i][2:4]) if _holds_rows(records[a]))
     # a matrix's columns are the rows of the value it multiplies (``A @ h``): a row count too
-    matrices = {int(a) for i in collated if is_product(records[i][1]) and type(a := records[i][2][0]) is Slot
-                and records[a][0] == "get_attr" and own_constant(records[a][1])}
+    matrices = {int(a) for i in collated if is_product(records[i][1], sparse=True)
+                and type(a := records[i][2][0]) is Slot and records[a][0] == "get_attr" and own_constant(records[a][1])}
     return _structure(records, counted, matrices), collated
 
 

@@ -259,23 +259,18 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
     """The tensor arguments of a sample's traced ``graph`` that are the sample's structure: integer ones whose
     values index rows of the sample's own values (``h[src]``, ``h.index_select(0, src)``, ``z.index_add(0, dst,
     m)``, ``src, dst = edge_index``, ``a[dst, src] = 1`` into ``torch.zeros(n, n)``: per-graph code's edge lists),
-    and square float matrices that multiply them (``adj @ h``, also normalized first: a dense adjacency). Indices into a
-    shared table (an embedding's token ids) and within rows (``logp.gather(1, labels[:, None])``,
-    ``x[torch.arange(k), labels]``) stay inputs, as do matrices multiplied by values of their own alone
-    (``x @ x.t()``)."""
+    and square float matrices, dense or sparse, that multiply values computed from other arguments (``adj @
+    lin(x)``, also normalized first: an adjacency). Indices into a shared table (an embedding's token ids) and
+    within rows (``logp.gather(1, labels[:, None])``, ``x[torch.arange(k), labels]``) stay inputs, as do matrices
+    multiplied by values of their own alone (``(x @ x.t()) @ lin(x)``)."""
     placeholders = graph.find_nodes(op="placeholder")
     # integer arguments, and the values holding their values as they are (rows of an edge list, an edge list with
     # self-loops joined) -> those arguments
     origin = {p: (p,) for p in placeholders if (info := tensor_info(p)) is not None
               and not (info.dtype.is_floating_point or info.dtype.is_complex or info.dtype == torch.bool)}
-    # values computed from float matrix arguments and constants alone -> those arguments; such a value multiplying
-    # one computed from other arguments (``adj @ lin(x)``; not ``(x @ x.t()) @ lin(x)``) is a structure's matrix
-    read: dict[fx.Node, frozenset[fx.Node]] = {}
-
-    def arguments(value: fx.Node) -> frozenset[fx.Node]:
-        return _arguments_read(value, read)
-
+    # values computed from square float matrix arguments and constants alone -> those arguments
     matrices = {p: frozenset((p,)) for p in placeholders if _square_matrix(p)}
+    read: dict[fx.Node, frozenset[fx.Node]] = {}   # (:func:`_arguments_read`'s, found once per node)
     if not origin and not matrices:   # (most samples: no tensor to walk the trace for)
         return []
     of_sample = set(placeholders)   # values computed from the sample's tensors
@@ -313,7 +308,7 @@ def structure_inputs(graph: fx.Graph) -> list[fx.Node]:
             found.update(dict.fromkeys(p for i in indices for p in origin[i]))
         product = product_operands(node, sparse=True)
         if product is not None and product[0] in matrices and product[1] in of_sample \
-                and not matrices[product[0]] & arguments(product[1]):
+                and not matrices[product[0]] & _arguments_read(product[1], read):
             found.update(dict.fromkeys(matrices[product[0]]))
     return list(found)
 

@@ -4,8 +4,9 @@ Rewrites ``acc += t`` (``operator.iadd`` and friends, ``Tensor.add_`` without
 ``alpha``) into ``acc + t``, an activation with ``inplace=True``
 (``nn.ReLU(inplace=True)``) into the plain call, and an in-place method or
 function whose plain form is in the neuron-op catalog (``h.relu_()``,
-``torch.sigmoid_(h)``), or is a sum or reduction of rows into a tensor (``index_add_``,
-``scatter_add_``, ``scatter_reduce_``, ``index_reduce_``), into that form, and ``t.fill_(v)`` or ``t.zero_()`` of a
+``torch.sigmoid_(h)``), or is a sum or reduction of rows into a tensor
+(``index_add_``, ``scatter_add_``, ``scatter_reduce_``, ``index_reduce_``),
+into that form, and ``t.fill_(v)`` or ``t.zero_()`` of a
 new tensor ``t`` into the call that makes it filled (``x.new(1, d).fill_(0.)`` into
 ``x.new_full((1, d), 0.)``), and ``t.requires_grad_()`` of such a new tensor into
 the call that makes it with ``requires_grad=True``. Legal when ``acc`` (``h``) is a fresh
