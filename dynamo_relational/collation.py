@@ -217,9 +217,14 @@ class _Program:
                 node = self._gather(source, lambda: numpy.concatenate(
                     [numpy.arange(a, a + n) for a, n in zip(starts, counts)] + [numpy.zeros(0, numpy.int64)]),
                     sum(counts), info, meta)
-        elif new:   # (a new tensor of zeros or ones with rows of the members': as many for all of them)
-            node = new_node(self.graph, op, target, (whole.shape,), dict(kwargs))
+        elif new:   # (a new tensor of zeros or ones with rows of the members': a row of them for each, which the
+            # union's row plan restricts to a batch's rows as it restricts a gather)
+            row = TensorInfo((1, *info.shape[1:]), info.dtype, info.device)
+            one = new_node(self.graph, op, target, (row.shape,), dict(kwargs))
+            one.meta.update(_source(meta), rel_info=row)
+            node = new_node(self.graph, "call_method", "expand", (one, whole.shape), {})
             node.meta.update(_source(meta), rel_info=whole)
+            node.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, counts) for _ in range(n)]
         else:   # (the members' constants joined once, a value of none, read through a gather of their rows)
             joined = self._constant(lambda: torch.cat([sample.attrs[target] for _, sample in self.members]),
                                     "constants", index=False)

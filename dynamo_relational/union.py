@@ -53,6 +53,7 @@ from .nodes import new_node
 from .ops import REGISTRY, TensorInfo, tensor_info
 from .ops.aggregate import REDUCTIONS, aggregate
 from .ops.along import GATHER_ALONG
+from .ops.cells import CELL
 from .ops.elementwise import ELEMENTWISE
 from .ops.losses import LOSS, loss_call
 from .ops.facts import is_factory, is_forward_constant
@@ -715,7 +716,8 @@ def _rows_of_op(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict
 def _row_wise_of_aligned(made: fx.Node, rows: set[fx.Node]) -> bool:
     """Whether ``made``, an op of union values of one row class (``rows``) and of shared values, computes each
     row from the same rows of them: an elementwise op whose row operands have its rank (their dim 0 is the
-    rows) and whose shared operands broadcast along the rows, or a join of rows along a later dim."""
+    rows) and whose shared operands broadcast along the rows, a recurrent cell of rows of inputs and states, or
+    a join of rows along a later dim."""
     out = tensor_info(made)
     if out is None:
         return False
@@ -734,6 +736,8 @@ def _row_wise_of_aligned(made: fx.Node, rows: set[fx.Node]) -> bool:
     if made.target is aggregate:   # (``h + self.lin(h)``, made n-ary by the aggregation pass)
         return all(term in rows for term in cast(Sequence, made.args[0]))
     family = REGISTRY.family_of(made)
+    if family is CELL:   # (a recurrent cell: each row's state from that row's input and state, by shared weights)
+        return made.args[0] in rows and made.args[1] in rows and all(a not in rows for a in made.args[2:])
     if family is GATHER_ALONG:   # (within each row, by that row's indices: ``logp.gather(1, labels[:, None])``)
         return len(made.args) > 1 and not names_rows(made.args[1], made) \
             and all(a in rows for a in made.all_input_nodes)

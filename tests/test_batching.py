@@ -603,12 +603,13 @@ def test_nodes_without_messages_batch_in_any_readout(readout):
 
 
 @pytest.mark.parametrize("layer", ["GraphConv", "GINConv", "GCNConv", "SAGEConv", "SAGEConv max", "GATConv",
-                                   "TransformerConv", "EdgeConv", "TAGConv"])
+                                   "TransformerConv", "EdgeConv", "TAGConv", "GatedGraphConv"])
 def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
     """A PyG layer called on one ``Data`` (``index_select`` by the edges' sources, ``scatter_add_`` of the
     messages into a new tensor of zeros, GCN's normalization computed from the edges alone, SAGE's mean: the
     sums divided by counts of the edges expanded along the rows; a maximum, ``scatter_reduce_(..., "amax",
-    include_self=False)``, and the attention's softmax over each node's incoming edges built on it)."""
+    include_self=False)``, and the attention's softmax over each node's incoming edges built on it; a GRU cell
+    of each node's sum and state, its features padded with zeros)."""
     pyg = pytest.importorskip("torch_geometric")
     from torch_geometric.data import Data
 
@@ -622,7 +623,8 @@ def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
                          "GATConv": lambda: pyg.nn.GATConv(3, 4, heads=2),
                          "TransformerConv": lambda: pyg.nn.TransformerConv(3, 4),
                          "EdgeConv": lambda: pyg.nn.EdgeConv(nn.Linear(6, 4)),
-                         "TAGConv": lambda: pyg.nn.TAGConv(3, 4)}[layer]()
+                         "TAGConv": lambda: pyg.nn.TAGConv(3, 4),
+                         "GatedGraphConv": lambda: pyg.nn.GatedGraphConv(4, 2)}[layer]()
 
         def forward(self, data):
             return torch.relu(self.conv(data.x, data.edge_index)).mean(0)
