@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 _GATHER_ROWS = torch.ops.dynamo_relational.gather_rows.default
 _GATHER_REDUCE = torch.ops.dynamo_relational.gather_reduce.default
 _SEGMENT_REDUCE = torch.ops.dynamo_relational.segment_reduce.default
+#: the dtypes of a sample's index constants (an edge list)
+_INDEX_DTYPES = (torch.int64, torch.int32)
 
 
 class Slot(int):
@@ -103,7 +105,7 @@ def reads_by_constants(graph: fx.Graph) -> bool:
         if not own_constant(node.target):
             continue
         info, value = tensor_info(node), node.meta.get("example_value")
-        if info is not None and info.dtype in (torch.int64, torch.int32) or isinstance(value, torch.Tensor) \
+        if info is not None and info.dtype in _INDEX_DTYPES or isinstance(value, torch.Tensor) \
                 and value.dim() == 2 and any(is_product(user.target, sparse=True) and user.args[:1] == (node,)
                                              for user in node.users):
             return True
@@ -117,7 +119,7 @@ def index_readers(records: Sequence[tuple], skipped: frozenset[int]) -> list[int
         if type(a) is not Slot or records[a][0] != "get_attr" or not own_constant(records[a][1]):
             return False
         info = record_info(records[a])
-        return info is not None and info.dtype in (torch.int64, torch.int32)
+        return info is not None and info.dtype in _INDEX_DTYPES
     return [i for i, (op, _, args, kwargs, _, _) in enumerate(records) if op in ("call_function", "call_method")
             and i not in skipped and any(map(index, flat_args((args, kwargs))))]
 
@@ -224,13 +226,10 @@ class _Program:
             one.meta.update(_source(meta), rel_info=row)
             node = new_node(self.graph, "call_method", "expand", (one, whole.shape), {})
             node.meta.update(_source(meta), rel_info=whole)
-            node.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, counts) for _ in range(n)]
-        else:   # (the members' constants joined once, a value of none, read through a gather of their rows)
-            joined = self._constant(lambda: torch.cat([sample.attrs[target] for _, sample in self.members]),
-                                    "constants", index=False)
-            joined.meta["rel_info"] = whole
-            node = self._gather(joined, lambda: numpy.arange(whole.shape[0]), whole.shape[0], info, meta)
-            node.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, counts) for _ in range(n)]
+            node.meta[ROW_SAMPLES] = self._row_samples(counts)
+        else:   # (the members' constants joined once)
+            node = self._per_row_constant(lambda: torch.cat([sample.attrs[target] for _, sample in self.members]),
+                                          "constants", whole, counts, meta)
         self.operands[slot] = (node, counts)
         return self.operands[slot]
 
@@ -243,7 +242,7 @@ class _Program:
         values = []
         for (_, sample), n in zip(self.members, rows):
             value = sample.attrs[self.records[slot][1]]
-            if not isinstance(value, torch.Tensor) or value.dtype not in (torch.int64, torch.int32) \
+            if not isinstance(value, torch.Tensor) or value.dtype not in _INDEX_DTYPES \
                     or value.dim() < 1 or any(d != 1 for d in value.shape[1:]):
                 return None
             value = value.reshape(-1).cpu().numpy().astype(numpy.int64)
@@ -317,24 +316,18 @@ class _Program:
         member's ``targets`` rows: one gather of the messages in the order of their rows, one segment reduction,
         and a row without messages zeros."""
         total = int(sum(targets))
-        target_rows = _joined_index(values, targets)
-        order = numpy.argsort(target_rows, kind="stable")
-        sizes = numpy.bincount(target_rows, minlength=total)
+        order, sizes = _by_target(values, targets)
         row = TensorInfo((total, *info.shape[1:]), info.dtype, info.device)
         ordered = self._gather(messages, lambda: order, len(order), info, meta)
         offsets = self._constant(lambda: csr_offsets(sizes.tolist(), info.device), "offsets")
         reduced = new_node(self.graph, "call_function", _SEGMENT_REDUCE, (ordered, offsets, reduce), {})
         reduced.meta.update(_source(meta), rel_info=row)
-        samples = [s for (s, _), n in zip(self.members, targets) for _ in range(n)]
-        reduced.meta[ROW_SAMPLES] = samples
+        reduced.meta[ROW_SAMPLES] = self._row_samples(targets)
         if sizes.all():
             return reduced
         empty = TensorInfo((total, *[1] * (len(info.shape) - 1)), torch.bool, info.device)
-        joined = self._constant(lambda: torch.from_numpy(sizes == 0).view(empty.shape).to(info.device), "empty",
-                                index=False)
-        joined.meta["rel_info"] = empty
-        mask = self._gather(joined, lambda: numpy.arange(total), total, empty, meta)
-        mask.meta[ROW_SAMPLES] = samples
+        mask = self._per_row_constant(lambda: torch.from_numpy(sizes == 0).view(empty.shape).to(info.device),
+                                      "empty", empty, targets, meta)
         zeroed = new_node(self.graph, "call_function", torch.where, (mask, 0.0, reduced), {})
         zeroed.meta.update(_source(meta), rel_info=row)
         return zeroed
@@ -368,10 +361,8 @@ class _Program:
         product = self._gather(node, lambda: _joined_index([columns for _, columns in nonzeros], counts),
                                message.shape[0], message, meta)
         if not all(bool((w == 1).all()) for w in weights):   # (an adjacency of ones sums its rows as they are)
-            joined = self._constant(lambda: torch.cat(weights).view(-1, 1), "weights", index=False)
-            joined.meta["rel_info"] = weight = TensorInfo((message.shape[0], 1), info.dtype, info.device)
-            weighted = self._gather(joined, lambda: numpy.arange(message.shape[0]), message.shape[0], weight, meta)
-            weighted.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, edges) for _ in range(n)]
+            weight = TensorInfo((message.shape[0], 1), info.dtype, info.device)
+            weighted = self._per_row_constant(lambda: torch.cat(weights).view(-1, 1), "weights", weight, edges, meta)
             product = new_node(self.graph, "call_function", operator.mul, (product, weighted), {})
             product.meta.update(_source(meta), rel_info=message)
         targets = [m.shape[0] for m in matrices]
@@ -384,16 +375,13 @@ class _Program:
         total = int(sum(targets))
 
         def segments() -> torch.Tensor:   # (each member's messages summed into its rows, in their order)
-            target_rows = _joined_index(values, targets)
-            offsets = numpy.zeros(total + 1, dtype=numpy.int64)
-            numpy.cumsum(numpy.bincount(target_rows, minlength=total), out=offsets[1:])
-            order = numpy.argsort(target_rows, kind="stable")
-            return pack_csr(torch.from_numpy(offsets), torch.from_numpy(order), int(sum(counts))).to(info.device)
+            order, sizes = _by_target(values, targets)
+            return pack_csr(csr_offsets(sizes.tolist()), torch.from_numpy(order), int(sum(counts))).to(info.device)
 
         csr = self._constant(segments, "segments")
         summed = new_node(self.graph, "call_function", _GATHER_REDUCE, (messages, csr, total, reduce), {})
         summed.meta.update(_source(meta), rel_info=TensorInfo((total, *info.shape[1:]), info.dtype, info.device))
-        summed.meta[ROW_SAMPLES] = [s for (s, _), n in zip(self.members, targets) for _ in range(n)]
+        summed.meta[ROW_SAMPLES] = self._row_samples(targets)
         return summed
 
     def _zeros(self, slot: Any) -> bool:
@@ -468,6 +456,21 @@ class _Program:
             self.shared.nodes.add(made)
 
     # -- union nodes ---------------------------------------------------------
+    def _row_samples(self, counts: Sequence[int]) -> list[int]:
+        """The sample of each row of a joined value with ``counts`` rows of each member."""
+        return [s for (s, _), n in zip(self.members, counts) for _ in range(n)]
+
+    def _per_row_constant(self, make: Callable[[], torch.Tensor], hint: str, info: TensorInfo,
+                          counts: Sequence[int], meta: tuple) -> fx.Node:
+        """A joined constant of the union, ``make()`` (``info``: ``counts`` rows of each member), read through a
+        gather of its rows tagged with their samples, which a batch restricts to its own (the constant itself
+        belongs to no sample)."""
+        joined = self._constant(make, hint, index=False)
+        joined.meta["rel_info"] = info
+        node = self._gather(joined, lambda: numpy.arange(info.shape[0]), info.shape[0], info, meta)
+        node.meta[ROW_SAMPLES] = self._row_samples(counts)
+        return node
+
     def _constant(self, make: Callable[[], torch.Tensor], hint: str, index: bool = True) -> fx.Node:
         """A get_attr of a new constant of the union, ``make()`` (not made where the program is only tried)."""
         return self.shared.constant(self.graph, f"collated_{hint}", None if self.tried else make(), index=index)
@@ -562,6 +565,13 @@ def record_info(record: tuple) -> TensorInfo | None:
     """The shape, dtype and device of a record's value (None: not one tensor)."""
     info = dict(record[5]).get("rel_info")
     return info if isinstance(info, TensorInfo) else None
+
+
+def _by_target(values: list[numpy.ndarray], targets: list[int]) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """For messages into rows ``values`` of each member's ``targets`` rows: the messages' order by their joined
+    target row (stable), and how many each joined row gets."""
+    target_rows = _joined_index(values, targets)
+    return numpy.argsort(target_rows, kind="stable"), numpy.bincount(target_rows, minlength=int(sum(targets)))
 
 
 def _joined_index(values: list[numpy.ndarray], rows: list[int]) -> numpy.ndarray:
