@@ -66,7 +66,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .kernels.gather_reduce import INDEXED_FORMS
-from .errors import DataDependenceError, FrontendError, OptionsError
+from .errors import DataDependenceError, FrontendError, OptionsError, UntracedCall
 from .module_hooks import global_hooks, module_hooks
 from .options import Options
 from .passes import PassContext
@@ -231,6 +231,9 @@ class _Structure:
     graph: SampleGraph | None
     #: why it cannot join a union (then its samples run one by one)
     refused: str | None = None
+    #: where ``forward`` read ``requires_grad``: the gradient state its trace holds for (:meth:`BatchedModule.
+    #: _grad_state`); the union serves its samples in that state alone
+    grad_state: tuple | None = None
 
 
 class _Key:
@@ -367,9 +370,11 @@ class BatchedModule(nn.Module):
         if refusal is not None:
             return self._one_by_one(samples, refusal, traced)
         holder = self._cache.holder
-        held = [i for i, k in enumerate(keys) if k in holder]
-        # a structure refused on its own runs with the model, beside the others from the union
         structures = self._cache.structures
+        held = [i for i, k in enumerate(keys) if k in holder]
+        if any(structures[keys[i]].grad_state is not None for i in held):
+            held = self._in_traced_grad_state(held, keys, tensors)
+        # a structure refused on its own runs with the model, beside the others from the union
         refused = next((structures[k].refused for k in keys if structures[k].refused), None)
         if refused is not None:
             if not held:
@@ -466,11 +471,33 @@ class BatchedModule(nn.Module):
             if paths:
                 raise _ReadByValue(paths) from e
             raise
+        except UntracedCall as e:   # (eager's call ran: its samples run with the model)
+            log.info("relational: a sample's call cannot be traced; its structure runs with the model: %s", e)
+            return _Structure(None, f"forward cannot be traced: {e}"), e.result
         try:
             graph = prepare(traced.graph, traced.out_spec, traced.constants, self.options, self._collations)
         except NotBatchable as e:
             return _Structure(None, str(e)), traced.result
-        return _Structure(graph), traced.result
+        return _Structure(graph, grad_state=self._grad_state(tensors) if traced.reads_requires_grad else None), \
+            traced.result
+
+    def _grad_state(self, tensors: list[torch.Tensor], parameters: tuple[bool, ...] | None = None) -> tuple:
+        """What a tensor's ``requires_grad`` follows from: whether gradients are on, and which parameters and
+        which of the sample's ``tensors`` require them."""
+        if parameters is None:
+            parameters = tuple(p.requires_grad for p in self.model.parameters())
+        return torch.is_grad_enabled(), parameters, tuple(t.requires_grad for t in tensors)
+
+    def _in_traced_grad_state(self, held: list[int], keys: Sequence[Hashable], tensors: Sequence[list]) -> list[int]:
+        """The samples of ``held`` but those whose trace read ``requires_grad`` in another gradient state than
+        the batch's (gradients off, a parameter frozen since): they run with the model."""
+        parameters = tuple(p.requires_grad for p in self.model.parameters())
+        structures = self._cache.structures
+        kept = [i for i in held if structures[keys[i]].grad_state in (None, self._grad_state(tensors[i], parameters))]
+        if len(kept) < len(held):
+            self._note_unbatched("forward reads requires_grad, and its trace read it in another gradient state "
+                                 "(gradients off, or other tensors requiring them)")
+        return kept
 
     # -- the union ----------------------------------------------------------
     def _regroup_if_due(self, keys: Sequence[Hashable], new: set[Hashable]) -> str | None:

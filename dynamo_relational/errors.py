@@ -25,3 +25,12 @@ class DataDependenceError(FrontendError):
             "torch.compile(model, backend=\"relational\") which handles graph breaks."
             + (f"\nUser stack (innermost last):\n{stack}" if stack else ""))
         self.inputs = inputs
+
+
+class UntracedCall(FrontendError):
+    """A live trace's call ran, but what it did could not be traced (library code that the recording gave up
+    on and that fails on the tracer's proxies); ``result`` is the call's result, in a 1-tuple."""
+
+    def __init__(self, message: str, result: tuple):
+        super().__init__(message)
+        self.result = result

@@ -17,13 +17,14 @@ leave them.
 
 Only what the mode can see in full is recorded. The recording gives up, and the call goes on as eager's
 (:attr:`Recording.unusable` says why; the caller traces the structure with the tracer instead), on: a read
-of a traced value by Python (``bool(t)``, ``t.item()``, an attribute other than its shape, dtype or
-device), an op with a value-dependent output shape, a write into a tensor made without a traced value,
-random numbers drawn without a traced argument, a write into the result of calls recorded as one, an input
-given twice, autocast, an argument it does not know, a tensor computed outside its view (one that requires
-gradients without being traced), a custom autograd Function, a traced value stored in the model (taken out
-again), outputs made without a traced value that share memory, or a tensor made without a traced value that a
-call without one writes into after a recorded op read it."""
+of a traced value by Python (``bool(t)``, ``t.item()``, an attribute other than its shape, dtype, device
+or ``requires_grad``, whose read is noted: :attr:`Recording.read_requires_grad`), an op with a
+value-dependent output shape, a write into a tensor made without a traced value, random numbers drawn
+without a traced argument, a write into the result of calls recorded as one, an input given twice,
+autocast, an argument it does not know, a tensor computed outside its view (one that requires gradients
+without being traced), a custom autograd Function, a traced value stored in the model (taken out again),
+outputs made without a traced value that share memory, or a tensor made without a traced value that a call
+without one writes into after a recorded op read it."""
 from __future__ import annotations
 
 import operator
@@ -76,6 +77,11 @@ class Recording(TorchFunctionMode):
         super().__init__()
         #: why the call could not be recorded (then :attr:`graph` is incomplete), or None
         self.unusable: str | None = None
+        #: whether Python code read a tensor's ``requires_grad``: the graph then holds for the gradient state of
+        #: this call (gradients on; which parameters and inputs require them) alone
+        self.read_requires_grad = False
+        #: whether forward stored a traced value in the model (taken out again: eager's call cannot stand)
+        self.stored_traced_value = False
         self.graph = fx.Graph()
         self.out_spec: pytree.TreeSpec | None = None
         #: get_attr target -> tensor (parameters and buffers of the model, then constants)
@@ -127,6 +133,9 @@ class Recording(TorchFunctionMode):
             return func(*args, **kwargs)
         recipe = _recipe(func)
         if recipe is None:   # (a shape, dtype or device read, or len(): static)
+            return func(*args, **kwargs)
+        if recipe is _REQUIRES_GRAD:
+            self.read_requires_grad = True
             return func(*args, **kwargs)
         if not self._reads_traced(args, kwargs):
             # a call on constants alone runs: its result is a constant, as traced; a random one would be
@@ -401,8 +410,10 @@ class Recording(TorchFunctionMode):
         if attributes.stored_proxy(is_traced) is not None or objects.stored_proxy(is_traced) is not None:
             attributes.restore()
             objects.restore()
+            self.stored_traced_value = True
         elif not stored and attributes.changed(scalars=False) is None:
             return
+        self.stored_traced_value = self.stored_traced_value or bool(stored)
         self.unusable = self.unusable or "forward stored a traced value in the model, or changed a tensor it holds"
 
 
@@ -441,6 +452,8 @@ class _Recipe(NamedTuple):
 
 
 _RECIPES: dict[Any, _Recipe | None] = {}
+#: a read of ``requires_grad``: static in the call's gradient state, which the recording notes
+_REQUIRES_GRAD = _Recipe(_Form("call_function", getattr, False, False, False))
 
 
 def _recipe(func) -> _Recipe | None:
@@ -483,6 +496,8 @@ def _new_recipe(func) -> _Recipe | None:
     if name in _STATIC:
         return None
     if type(func).__name__ == "method-wrapper":   # (its form is never used)
+        if name == "requires_grad":
+            return _REQUIRES_GRAD
         return _Recipe(_form("call_function", getattr), unusable=f"reads the tensor attribute {name}")
     if name is not None and getattr(torch.Tensor, name, None) is func:
         call = _form("call_method", name)

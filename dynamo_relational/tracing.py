@@ -16,7 +16,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from .forward_constants import copy_mutated_constants, returned_constants_share_memory
-from .errors import DataDependenceError, FrontendError
+from .errors import DataDependenceError, FrontendError, UntracedCall
 from .model_state import (HeldAttributes, ModuleAttributes, PlainObjects, assigned_traced_values, is_proxy,
                           module_attributes, take_out, traced_in)
 from .module_hooks import refuse_unrecorded_hooks
@@ -43,6 +43,9 @@ class Trace:
     value_seconds: float
     #: traced ``live``: ``forward``'s result as the eager call computed it, gradients included, in a 1-tuple
     result: tuple | None = None
+    #: whether ``forward`` read a tensor's ``requires_grad`` (recorded live: the graph holds for the gradient
+    #: state of that call alone)
+    reads_requires_grad: bool = False
 
 
 def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str],
@@ -74,6 +77,8 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
         _refuse_changes_to_the_model(model, attributes, objects, before)
         if check is not None:
             check(tracer.graph)
+    except UntracedCall:   # (the call itself ran as eager's: its result, writes and draws stand)
+        raise
     except BaseException:   # (a failed trace changes nothing: a batch may trace the sample again)
         _put_back(changeable)
         set_generator_states(generators)
@@ -93,7 +98,8 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     # lazy: Python code for the ungrouped graph (tens of thousands of lines) is never needed
     gm = _LazyGraphModule({n.target: tracer.attrs[n.target] for n in graph.nodes if n.op == "get_attr"}, graph)
     out_spec = cast(pytree.TreeSpec, tracer.out_spec)   # set when forward returned
-    return Trace(gm, out_spec, constants, time.perf_counter() - start, tracer.value_seconds, result)
+    return Trace(gm, out_spec, constants, time.perf_counter() - start, tracer.value_seconds, result,
+                 isinstance(tracer, Recording) and tracer.read_requires_grad)
 
 
 def _put_back(changeable: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -108,7 +114,8 @@ def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str]
     """The graph of ``model``'s call on ``inputs``, recorded while the call runs (:mod:`~dynamo_relational.
     recorder`), and the call's result in a 1-tuple. Where the recording gives up, the call has run as eager's
     and its result stands; the graph is then traced from copies of the tensors (nothing the call changed is
-    changed again). A call that raises is traced from copies too, for the tracer's error naming the line."""
+    changed again), and where that fails, :class:`UntracedCall` carries the result. A call that raises is
+    traced from copies too, for the tracer's error naming the line."""
     def from_copies() -> Tracer:   # (the generators and attributes as the call left them)
         return _traced(model, inputs, names, progress, generator_states(), HeldAttributes(model))
 
@@ -133,7 +140,10 @@ def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str]
     except DataDependenceError:
         raise
     except FrontendError as e:   # (library code may fail on proxies before the tracer finds what the call did)
-        raise FrontendError(f"{e}\nWhile the call ran, its recording found: {recording.unusable}.") from e
+        message = f"{e}\nWhile the call ran, its recording found: {recording.unusable}."
+        if recording.stored_traced_value:   # (taken out of the model: the call does not stand as eager's)
+            raise FrontendError(message) from e
+        raise UntracedCall(message, cast(tuple, recording.call_result)) from e
 
 
 def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], progress: CompileProgress,

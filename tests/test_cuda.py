@@ -21,10 +21,12 @@ from dynamo_relational.kernels.gather_reduce import gather_reduce, gather_rows, 
 from dynamo_relational.kernels.segment import csr_offsets, segment_reduce
 from benchmarks.idioms import IDIOMS
 from examples.data import graph_batch
+from examples.per_sample import MODELS as PER_SAMPLE_MODELS, dataset
 from examples.styles import STYLES
 from tests.helpers import (BUILDERS, ELEMENTWISE_ROWS, ELEMENTWISE_WIDTH, LAYOUT_ROWS, POOLING_NEIGHBORS,
                            STATISTICS_NEIGHBORS, TOLERANCE, Layouts, PerNeuronScalars, Pooling, Statistics,
                            assert_batches_match_eager, assert_compiled_matches_eager,
+                           assert_shuffled_batches_match_eager,
                            assert_fast_compile_matches_eager, compressed_rows, fact_gcn)
 
 # (the package exports the op under the module's name)
@@ -216,7 +218,6 @@ def test_styles_written_by_others_run_on_cuda(name):
     assert_fast_compile_matches_eager(*_on_cuda(STYLES[name](batch), batch))
 
 
-
 @needs_cuda
 @pytest.mark.parametrize("name", sorted(IDIOMS))
 def test_idioms_on_cuda_match_eager_and_group(name):
@@ -271,19 +272,43 @@ def test_value_compression_through_torch_compile_on_cuda():
 
 
 @needs_cuda
-@pytest.mark.parametrize("kind", ["treelstm", "childsum", "gcn"])
+@pytest.mark.parametrize("kind", sorted(PER_SAMPLE_MODELS))
 def test_batches_of_samples_on_cuda_equal_eager(kind):
-    """``dynamo_relational.batch`` on the GPU: each batch's index tensors, made in numpy, reach the device."""
-    from examples.per_sample import MODELS, dataset
+    """``dynamo_relational.batch`` on the GPU: each batch's index tensors, made in numpy, reach the device; the
+    tensor code of a molecule (over its edge index or adjacency) runs on all samples' rows joined."""
     torch.manual_seed(0)
     data = [(s, x.cuda()) for s, x in dataset(kind, 12, features=4, dtype=torch.float64)]
-    model = MODELS[kind][0](4, hidden=6).double().cuda()
+    model = PER_SAMPLE_MODELS[kind][0](4).double().cuda()
     batched = dynamo_relational.batch(model)
     for batch in (data[:6], data[6:]):   # new structures: traced, run eagerly
         assert_batches_match_eager(batched, model, batch, through_union=False)
     for batch in (data[::2], data[1::3]):
         assert_batches_match_eager(batched, model, batch)
     assert batched.report.unbatched == 0 and batched.report.groupings == 1, batched.report
+
+
+@needs_cuda
+@pytest.mark.parametrize("layer", ["GCNConv", "SAGEConv max", "GATConv", "TAGConv"])
+def test_pytorch_geometric_layers_on_one_graph_batch_on_cuda(layer):
+    """PyG layers called on one graph, batched on the GPU: the joined rows' gathers, segment sums and segment
+    maxima (``scatter_reduce_`` into zeros, the attention's softmax) with their masks on the device."""
+    pyg = pytest.importorskip("torch_geometric")
+    from torch_geometric.data import Data
+
+    class OneGraph(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = {"GCNConv": lambda: pyg.nn.GCNConv(3, 4), "TAGConv": lambda: pyg.nn.TAGConv(3, 4),
+                         "SAGEConv max": lambda: pyg.nn.SAGEConv(3, 4, aggr="max"),
+                         "GATConv": lambda: pyg.nn.GATConv(3, 4, heads=2)}[layer]()
+
+        def forward(self, data):
+            return torch.relu(self.conv(data.x, data.edge_index)).mean(0)
+
+    generator = torch.Generator().manual_seed(0)
+    graphs = [(Data(x=torch.randn(n, 3, dtype=torch.float64, generator=generator),
+                    edge_index=torch.randint(0, n, (2, n + 1), generator=generator)).cuda(),) for n in (3, 4, 2, 5, 3)]
+    assert_shuffled_batches_match_eager(OneGraph().double().cuda(), graphs)
 
 
 @needs_cuda
