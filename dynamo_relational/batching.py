@@ -66,7 +66,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .kernels.gather_reduce import INDEXED_FORMS
-from .errors import DataDependenceError, FrontendError, OptionsError, UntracedCall
+from .errors import DataDependenceError, FrontendError, GradStateRead, OptionsError, UntracedCall
 from .module_hooks import global_hooks, module_hooks
 from .options import Options
 from .passes import PassContext
@@ -234,6 +234,9 @@ class _Structure:
     #: where ``forward`` read ``requires_grad``: the gradient state its trace holds for (:meth:`BatchedModule.
     #: _grad_state`); the union serves its samples in that state alone
     grad_state: tuple | None = None
+    #: refused where tracing without gradients could not answer a read of ``requires_grad``: traced again by
+    #: the first batch with gradients on
+    retrace_with_grad: bool = False
 
 
 class _Key:
@@ -429,7 +432,7 @@ class BatchedModule(nn.Module):
         structures = self._cache.structures
         new: dict[Hashable, int] = {}
         for i, k in enumerate(keys):
-            if k not in structures:
+            if k not in structures or structures[k].retrace_with_grad and torch.is_grad_enabled():
                 new.setdefault(k, i)
         if not new:
             return set(), {}
@@ -438,6 +441,7 @@ class BatchedModule(nn.Module):
         with gc_paused(), patches_when_needed(), \
                 CompileProgress(self.options.progress, len(new), "relational: tracing samples") as progress:
             for k, i in new.items():
+                seen = k in structures
                 try:
                     structures[k], result = self._traced(samples[i], tensors[i])
                 except FrontendError as e:
@@ -446,7 +450,7 @@ class BatchedModule(nn.Module):
                     self._cache.joinable.append(k)
                 if result is not None:
                     results[i] = result
-                self.report.structures += 1   # (kept, as the structures traced before a sample that fails)
+                self.report.structures += not seen   # (kept, as the structures traced before a sample that fails)
                 progress.step()
         self.report.kept_nodes = sum(len(s.graph.records) for cache in self._caches.values()
                                      for s in cache.structures.values() if s.graph is not None)
@@ -474,6 +478,8 @@ class BatchedModule(nn.Module):
         except UntracedCall as e:   # (eager's call ran: its samples run with the model)
             log.info("relational: a sample's call cannot be traced; its structure runs with the model: %s", e)
             return _Structure(None, f"forward cannot be traced: {e}"), e.result
+        except GradStateRead as e:   # (gradients off: the call was not recorded, which would answer the read)
+            return _Structure(None, str(e), retrace_with_grad=True), (self.model(*sample),)
         try:
             graph = prepare(traced.graph, traced.out_spec, traced.constants, self.options, self._collations)
         except NotBatchable as e:

@@ -27,6 +27,11 @@ class DataDependenceError(FrontendError):
         self.inputs = inputs
 
 
+class GradStateRead(FrontendError):
+    """Traced code read a tensor's ``requires_grad``, which the tracer, computing values without gradients,
+    cannot answer (a call recorded with gradients on can)."""
+
+
 class UntracedCall(FrontendError):
     """A live trace's call ran, but what it did could not be traced (library code that the recording gave up
     on and that fails on the tracer's proxies); ``result`` is the call's result, in a 1-tuple."""

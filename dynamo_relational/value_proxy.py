@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 import torch
 import torch.fx as fx
 
+from .errors import GradStateRead
+
 if TYPE_CHECKING:
     from .tracer import Tracer
 
@@ -62,6 +64,10 @@ class ValueProxy(fx.Proxy):
             raise AttributeError(name)
         if name in STATIC_ATTRIBUTES or name in STATIC_METHODS:
             return getattr(self.value, name)
+        if name == "requires_grad":   # (the values are computed without gradients)
+            raise GradStateRead(f"forward reads requires_grad at {self.tracer.user_line()}, which tracing cannot "
+                                "answer: dynamo_relational.batch answers it in calls with gradients on; or use "
+                                "torch.compile(model, backend=\"relational\").")
         if callable(getattr(self.value, name)):
             return fx.proxy.Attribute(self, name)          # a method: calling it records call_method
         return self.tracer.create_proxy("call_function", getattr, (self, name), {})

@@ -1624,7 +1624,9 @@ def test_a_call_that_runs_but_fails_on_the_tracers_proxies_runs_with_the_model()
 def test_a_read_of_requires_grad_batches_in_the_gradient_state_it_read():
     """``requires_grad`` read in Python (PyG's aggregations read it on the GPU to pick a kernel) is answered
     while the call is recorded; the union then serves the sample where gradients are on and the same parameters
-    and inputs require them, and elsewhere (``no_grad``, a frozen layer) the sample runs with the model."""
+    and inputs require them, and elsewhere (``no_grad``, a frozen layer) the sample runs with the model. Seen
+    first without gradients (where the call is traced, not recorded), the sample runs with the model, and its
+    structure is traced again by the first batch with gradients on."""
     class ReadsRequiresGrad(nn.Module):
         def __init__(self):
             super().__init__()
@@ -1636,15 +1638,21 @@ def test_a_read_of_requires_grad_batches_in_the_gradient_state_it_read():
             return self.out(h).sum(0)
 
     model = ReadsRequiresGrad()
-    batched = assert_rows_batch_as_eager(model)
-    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3)]
+    batched = dynamo_relational.batch(model, progress=False)
+    samples = [(torch.randn(n, 3, dtype=torch.float64),) for n in (2, 3, 2, 4)]
+    with torch.no_grad():
+        torch.testing.assert_close(batched(samples), [model(*s) for s in samples])
+    assert "tracing cannot answer" in batched.report.unbatched_reason, batched.report
+    assert_batches_match_eager(batched, model, samples, through_union=False)
+    assert_batches_match_eager(batched, model, samples[::-1])
+    assert batched.report.structures == 3, batched.report
     with torch.no_grad():
         torch.testing.assert_close(batched(samples), [model(*s) for s in samples])
     assert "gradient state" in batched.report.unbatched_reason, batched.report
     model.lin.requires_grad_(False)
     eager = batched.report.eager_samples
     torch.testing.assert_close(batched(samples), [model(*s) for s in samples])
-    assert batched.report.eager_samples == eager + 2
+    assert batched.report.eager_samples == eager + len(samples)
 
 
 def test_a_result_that_cannot_be_traced_runs_with_the_model_and_the_reason_names_the_users_model():

@@ -246,6 +246,16 @@ def test_code_that_needs_real_tensors_is_a_clear_error_naming_the_line():
         dynamo_relational.compile(Mapped(), torch.randn(4, 2), inductor=False)
 
 
+def test_a_read_of_requires_grad_is_a_clear_error_naming_the_line():
+    """The tracer computes values without gradients, so it cannot answer ``requires_grad``."""
+    class Checks(nn.Module):
+        def forward(self, x):
+            return x * 2 if x.requires_grad else x   # READS
+
+    with pytest.raises(FrontendError, match=r"reads requires_grad at .*test_frontend.py:\d+ in forward: .*# READS"):
+        dynamo_relational.compile(Checks(), torch.randn(4, 2), inductor=False)
+
+
 def test_random_op_with_its_own_generator_is_a_clear_error_naming_the_line():
     class Noisy(nn.Module):
         def __init__(self):
