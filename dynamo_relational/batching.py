@@ -578,7 +578,7 @@ class BatchedModule(nn.Module):
                 progress.step()
                 union, stats, ungrouped = _grouped(union, self.options, progress)
                 progress.start("row plan")
-                owners = [_input_owner(graphs, j, layout.inputs[j]) for j in range(len(layout.inputs))]
+                owners = [_input_owner(graphs, j, kind) for j, kind in enumerate(layout.inputs) if kind != "unread"]
                 try:
                     plan = analyse(union, owners, len(keys))
                 except Refused as e:   # (a node left ungrouped computes one sample's rows: name why)
@@ -620,8 +620,9 @@ class BatchedModule(nn.Module):
         batch = Batch([union.position[k] for k in keys])
         inputs = []
         for j, layout in enumerate(union.layout.inputs):
-            parts = [sample_tensors[j] for sample_tensors in tensors]
-            inputs.append(torch.cat(parts) if layout == "cat" else torch.stack(parts))
+            if layout != "unread":
+                parts = [sample_tensors[j] for sample_tensors in tensors]
+                inputs.append(torch.cat(parts) if layout == "cat" else torch.stack(parts))
         arguments = union.plan.arguments(batch)
         assembly = time.perf_counter() - start
         outputs = union.run_for(batch)(*inputs, *arguments)

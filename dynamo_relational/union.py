@@ -110,6 +110,8 @@ class SampleGraph:
     output_shapes: tuple[tuple[int, ...], ...]
     #: per tensor argument: whether it is read as a whole (a target vector), not only row by row (``x[v]``)
     read_whole: tuple[bool, ...]
+    #: per tensor argument: whether it is read at all (a model may ignore one: the edges beside an MLP's features)
+    read: tuple[bool, ...]
     #: the records that run once for all samples of its program, on their rows joined
     #: (:mod:`~dynamo_relational.collation`), and that program; none for most traces
     collated: frozenset[int] = frozenset()
@@ -197,7 +199,7 @@ def _sample_graph(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: d
     inputs = tuple(_tensor_info(n) for n in graph.graph.find_nodes(op="placeholder"))
     shapes = tuple(_tensor_info(leaf).shape for leaf in output.args[0])
     records = _records(graph.graph)
-    return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, _read_whole(records))
+    return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, _read_whole(records), _read(records))
 
 
 def _collates(sample: SampleGraph) -> frozenset[int] | None:
@@ -355,6 +357,16 @@ def _read_whole(records: Sequence[tuple], ignored: frozenset[int] = frozenset())
     return tuple(whole.values())
 
 
+def _read(records: Sequence[tuple]) -> tuple[bool, ...]:
+    """Which tensor arguments of a sample's ``records`` some record reads."""
+    read = {i: False for i, r in enumerate(records) if r[0] == "placeholder"}
+    for _, _, args, kwargs, _, _ in records:
+        for x in record_slots((args, kwargs)):
+            if x in read:
+                read[x] = True
+    return tuple(read.values())
+
+
 def _records(graph: fx.Graph) -> tuple[tuple, ...]:
     """``graph``'s nodes as :attr:`SampleGraph.records`."""
     slots: dict[fx.Node, _Slot] = {}
@@ -394,16 +406,20 @@ def _unlink(graph: fx.Graph) -> None:
 @dataclass
 class Layout:
     """Where each sample's values lie in the union."""
-    #: per input position: ``"cat"`` (rows) or ``"stack"`` (0-d tensors)
+    #: per input position: ``"cat"`` (rows), ``"stack"`` (0-d tensors) or ``"unread"`` (no sample reads it: the
+    #: union takes no such input)
     inputs: tuple[str, ...]
     #: per output position: ``"cat"`` or ``"stack"``
     outputs: tuple[str, ...]
 
 
-def input_layout(shapes: Sequence[tuple[int, ...]], position: int, read_whole: bool = False) -> str:
+def input_layout(shapes: Sequence[tuple[int, ...]], position: int, read_whole: bool = False, read: bool = True
+                 ) -> str:
     """How the samples' tensor arguments at ``position`` (of ``shapes``) join: rows, or stacked (scalars, and
     tensors of one shape that a sample reads as a whole: a target vector, a graph's global features, each a
-    row of the stack)."""
+    row of the stack); not at all where no sample ``read`` them."""
+    if not read:
+        return "unread"
     if all(len(s) == 0 for s in shapes) or read_whole and len(set(shapes)) == 1:
         return "stack"
     if all(len(s) >= 1 for s in shapes) and len({s[1:] for s in shapes}) == 1:
@@ -423,17 +439,21 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
     arity = {len(s.inputs) for s in samples}
     if len({str(s.out_spec) for s in samples}) > 1 or len(arity) > 1:
         raise NotBatchable("samples return differently structured results or take different tensor arguments")
-    inputs_layout = tuple(input_layout([s.inputs[j].shape for s in samples], j, any(s.read_whole[j] for s in samples))
+    inputs_layout = tuple(input_layout([s.inputs[j].shape for s in samples], j, any(s.read_whole[j] for s in samples),
+                                       any(s.read[j] for s in samples))
                           for j in range(arity.pop()))
     for j in range(len(inputs_layout)):
         kinds = {(s.inputs[j].dtype, s.inputs[j].device) for s in samples}
-        if len(kinds) > 1:
+        if len(kinds) > 1 and inputs_layout[j] != "unread":
             raise NotBatchable(f"tensor argument {j} has several dtypes or devices across samples: "
                                f"{sorted(map(str, kinds))[:3]}")
     graph = fx.Graph()
     shared = _Shared(params)
-    union_inputs = []
+    union_inputs: list[fx.Node | None] = []
     for j, layout in enumerate(inputs_layout):
+        if layout == "unread":
+            union_inputs.append(None)
+            continue
         node = graph.placeholder(f"input{j}")
         row = samples[0].inputs[j]
         rows = sum(s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples)
@@ -576,8 +596,9 @@ class _Shared:
         return value_key(node, node.args, node.kwargs)
 
 
-def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: list[fx.Node], layouts: tuple[str, ...],
-                 offsets: list[int], shared: _Shared, collated: dict[int, tuple[fx.Node, int, int]] | None = None,
+def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: Sequence[fx.Node | None],
+                 layouts: tuple[str, ...], offsets: list[int], shared: _Shared,
+                 collated: dict[int, tuple[fx.Node, int, int]] | None = None,
                  unneeded: frozenset[int] = frozenset(), whole_reads: list[int] | None = None) -> list[fx.Node]:
     """Copy sample ``s`` into ``graph``; returns its output leaves there.
 
@@ -626,8 +647,9 @@ def _copy_sample(graph: fx.Graph, sample: SampleGraph, s: int, union_inputs: lis
             continue
         if op == "placeholder":
             j = placeholders[i] = len(placeholders)
-            if layouts[j] == "cat":
-                rows_of[i] = (union_inputs[j], offsets[j], sample.inputs[j].shape[0])
+            joined = union_inputs[j]
+            if layouts[j] == "cat" and joined is not None:
+                rows_of[i] = (joined, offsets[j], sample.inputs[j].shape[0])
             env.append(None)
             continue
         if op == "get_attr":

@@ -602,6 +602,27 @@ def test_nodes_without_messages_batch_in_any_readout(readout):
     assert_shuffled_batches_match_eager(Readout(), graphs)
 
 
+@pytest.mark.parametrize("given", ["arguments", "Data"])
+def test_a_tensor_argument_that_forward_does_not_read_is_not_joined(given):
+    """An edge index beside the features of a model that ignores it (an MLP baseline on PyG's ``Data``): its
+    shapes differ in more than their rows, which no join takes, but no sample reads it, so the union takes none."""
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 4, dtype=torch.float64)
+
+        def forward(self, x, edge_index=None):
+            x = x.x if given == "Data" else x
+            return torch.relu(self.lin(x)).mean(0)
+
+    graphs = _edge_list_graphs("h[src]")
+    if given == "Data":
+        data = pytest.importorskip("torch_geometric.data")
+        graphs = [(data.Data(x=x, edge_index=edges),) for x, edges in graphs]
+    batched = assert_shuffled_batches_match_eager(MLP(), graphs)
+    assert batched.report.union_code[2] <= 5, batched.report
+
+
 @pytest.mark.parametrize("layer", ["GraphConv", "GINConv", "GCNConv", "SAGEConv", "SAGEConv max", "GATConv",
                                    "TransformerConv", "EdgeConv", "TAGConv", "GatedGraphConv"])
 def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
