@@ -371,7 +371,7 @@ class BatchedModule(nn.Module):
                 self._by_value |= e.paths
         refusal = self._regroup_if_due(keys, new)
         if refusal is not None:
-            return self._one_by_one(samples, refusal, traced)
+            return self._one_by_one(samples, tensors, refusal, traced)
         holder = self._cache.holder
         structures = self._cache.structures
         held = [i for i, k in enumerate(keys) if k in holder]
@@ -381,7 +381,7 @@ class BatchedModule(nn.Module):
         refused = next((structures[k].refused for k in keys if structures[k].refused), None)
         if refused is not None:
             if not held:
-                return self._one_by_one(samples, refused, traced)
+                return self._one_by_one(samples, tensors, refused, traced)
             self._note_unbatched(refused)
         results: list[Any] = [None] * len(samples)
         if held:
@@ -397,7 +397,7 @@ class BatchedModule(nn.Module):
                     results[i] = result
             self.report.assembly_seconds.append(assembly)
         for i in sorted(set(range(len(samples))) - set(held)):
-            results[i] = self._called(samples, i, traced)
+            results[i] = self._called(samples, tensors, i, traced)
         self.report.eager_samples += len(samples) - len(held)
         return results
 
@@ -479,7 +479,7 @@ class BatchedModule(nn.Module):
             log.info("relational: a sample's call cannot be traced; its structure runs with the model: %s", e)
             return _Structure(None, f"forward cannot be traced: {e}"), e.result
         except GradStateRead as e:   # (gradients off: the call was not recorded, which would answer the read)
-            return _Structure(None, str(e), retrace_with_grad=True), (self.model(*sample),)
+            return _Structure(None, str(e), retrace_with_grad=True), (self._called([sample], [tensors], 0, {}),)
         try:
             graph = prepare(traced.graph, traced.out_spec, traced.constants, self.options, self._collations)
         except NotBatchable as e:
@@ -639,11 +639,12 @@ class BatchedModule(nn.Module):
             results.append(leaves[0] if graph.out_spec.is_leaf() else pytree.tree_unflatten(leaves, graph.out_spec))
         return results, assembly
 
-    def _one_by_one(self, samples: list[tuple], reason: str, traced: dict[int, tuple]) -> list[Any]:
+    def _one_by_one(self, samples: list[tuple], tensors: Sequence[list], reason: str, traced: dict[int, tuple]
+                    ) -> list[Any]:
         """The samples' results from the model itself (or from their traces, which were its calls)."""
         self.report.unbatched += 1
         self._note_unbatched(reason)
-        return [self._called(samples, i, traced) for i in range(len(samples))]
+        return [self._called(samples, tensors, i, traced) for i in range(len(samples))]
 
     def _note_unbatched(self, reason: str) -> None:
         """Report why samples run with the model itself (logged once per reason in a row)."""
@@ -651,9 +652,17 @@ class BatchedModule(nn.Module):
             self.report.unbatched_reason = reason
             log.warning("relational: batch runs its samples one by one with the model: %s", reason)
 
-    def _called(self, samples: list[tuple], i: int, traced: dict[int, tuple]) -> Any:
-        """Sample ``i``'s result from the model itself, or from its trace, which was the model's call."""
-        return traced[i][0] if i in traced else self.model(*samples[i])
+    def _called(self, samples: list[tuple], tensors: Sequence[list], i: int, traced: dict[int, tuple]) -> Any:
+        """Sample ``i``'s result from the model itself, or from its trace, which was the model's call. The model
+        gets a copy of the sample's objects, as its trace did: what ``forward`` stores on them (per-node code
+        passing a node's state to its parent as ``tree.state``) would change the sample's structure, and a run
+        from the union stores nothing."""
+        if i in traced:
+            return traced[i][0]
+        sample = samples[i]
+        if all(type(a) is torch.Tensor for a in sample):
+            return self.model(*sample)
+        return self.model(*copy.deepcopy(sample, {id(t): t for t in tensors[i]}))
 
 
 def available_memory() -> int | None:

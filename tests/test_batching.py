@@ -1510,14 +1510,15 @@ class _ObjectTreeLSTM(nn.Module):
 
 
 def test_tree_objects_whose_nodes_hold_their_states_batch_as_eager():
-    """Per-node code that stores each node's state on the sample's tree (``tree.state``) runs its traces on a
+    """Per-node code that stores each node's state on the sample's tree (``tree.state``) runs its traces, and
+    the calls of samples whose structure is traced but not grouped yet (here: the samples given twice), on a
     copy of the tree: the sample's structure stays as it was, and later batches run from the union."""
     torch.manual_seed(0)
     trees = [(_object_tree(children), x.unsqueeze(1)) for children, x in dataset("childsum", 8, features=4,
                                                                                  dtype=torch.float64)]
     model = _ObjectTreeLSTM()
     batched = dynamo_relational.batch(model, progress=False)
-    assert_batches_match_eager(batched, model, trees, through_union=False)
+    assert_batches_match_eager(batched, model, trees + trees[:2], through_union=False)
     assert_batches_match_eager(batched, model, trees[::-1])
     assert_batches_match_eager(batched, model, trees[2:5])
     report = batched.report
