@@ -6,7 +6,9 @@ and, for the TreeLSTMs, code batched by hand.
                                  [--threads 1] [--device cpu]
 
 For each model of ``examples/per_sample.py`` (written for one sample; ``gat``:
-:class:`MoleculeGAT`, written with PyTorch Geometric's layers), trains
+:class:`MoleculeGAT`, written with PyTorch Geometric's layers; ``childsum_objects``:
+the child-sum TreeLSTM as widely copied code writes it, over trees of node
+objects that hold each node's state), trains
 ``--epochs`` epochs of SGD over the same shuffled mini-batches in one process,
 from the same weights. In the first two epochs, which trace and group and run
 long while the machine's speed drifts, the systems take turns batch by batch
@@ -48,8 +50,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from examples.per_sample import (MODELS, ChildSumTreeLSTM, MoleculeGCN, MoleculeSAGE, TreeLSTM, batches, dataset,
-                                 train_step)
+from examples.per_sample import (MODELS, ChildSumTreeLSTM, MoleculeGCN, MoleculeSAGE, ObjectChildSumTreeLSTM, TreeLSTM,
+                                 batches, dataset, object_tree, train_step)
 
 
 def level_batched_tree_lstm(model: TreeLSTM | ChildSumTreeLSTM, samples: list[tuple]) -> list[torch.Tensor]:
@@ -114,8 +116,12 @@ class MoleculeGAT(nn.Module):
         return x
 
 
-#: the models: ``examples/per_sample.py``'s, and those written with PyG's layers (on its molecules)
-KINDS = {**MODELS, "gat": (MoleculeGAT, MODELS["gcn"][1])}
+#: the models: ``examples/per_sample.py``'s, those written with PyG's layers (on its molecules), and the
+#: child-sum TreeLSTM over trees of node objects (on its trees)
+KINDS = {**MODELS, "gat": (MoleculeGAT, MODELS["gcn"][1]),
+         "childsum_objects": (ObjectChildSumTreeLSTM, MODELS["childsum"][1])}
+#: the data set that a kind of :data:`KINDS` trains on, where it is another kind's
+DATA_OF = {"gat": "gcn", "childsum_objects": "childsum"}
 
 
 def pyg_molecules(model: nn.Module, data: list[tuple]) -> Callable[[list[tuple]], list[torch.Tensor]]:
@@ -185,16 +191,22 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     torch.manual_seed(0)
     gc.collect()
     resident_before = resident_mb()
-    data = [(structure, x.to(device)) for structure, x in dataset("gcn" if kind == "gat" else kind, samples,
+    data = [(structure, x.to(device)) for structure, x in dataset(DATA_OF.get(kind, kind), samples,
                                                                    treebank=treebank)]
     targets = torch.randn(samples, device=device)
     eager = KINDS[kind][0](data[0][1].shape[1]).to(device)
     model = copy.deepcopy(eager)
     systems = {"eager": (eager, lambda batch: [eager(*s) for s in batch]),
                "batched": (model, dynamo_relational.batch(model, progress=False, max_union_nodes=max_union_nodes))}
-    if kind in ("treelstm", "childsum"):
+    children = {id(x): structure for structure, x in data}   # (the children lists of a tree of objects)
+    if kind == "childsum_objects":   # eager calls store states on their own trees, by hand reads the lists
+        own_trees = {id(x): object_tree(structure) for structure, x in data}
+        systems["eager"] = (eager, lambda batch: [eager(own_trees[id(x)], x) for _, x in batch])
+        data = [(object_tree(structure), x) for structure, x in data]
+    if kind in ("treelstm", "childsum", "childsum_objects"):
         by_hand = copy.deepcopy(eager)
-        systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, batch))
+        systems["by hand"] = (by_hand, lambda batch: level_batched_tree_lstm(by_hand, [(children[id(x)], x)
+                                                                                       for _, x in batch]))
     if kind in ("gcn", "gcn_edges", "gcn_dense", "gin", "sage", "sage_edges", "gat"):
         pyg = copy.deepcopy(eager)
         systems["PyG"] = (pyg, pyg_molecules(pyg, data))
@@ -213,7 +225,7 @@ def run(kind: str, samples: int, batch_size: int, epochs: int, device: str = "cp
     result["steady_ratio"] = {name: result["steady_s"]["eager"] / s for name, s in result["steady_s"].items()}
     gc.collect()
     result["resident_mb"] = (resident_before, resident_mb())
-    nodes_per_batch = statistics.mean(len(structure) for structure, _ in data) * batch_size
+    nodes_per_batch = statistics.mean(len(x) for _, x in data) * batch_size
     batched = systems["batched"][1]
     result["assembly_us_per_node"] = _median_us(batched.report.assembly_seconds) / nodes_per_batch
     # and the last epoch's batches under no_grad: in training, the first allocation after a step also does the

@@ -835,13 +835,15 @@ def _int_lists(x: list | tuple) -> Hashable | None:
 
 
 class _Walk:
-    """:func:`fingerprint`'s walk through any argument; objects are numbered where first seen."""
+    """:func:`fingerprint`'s walk through any argument; objects are numbered where first seen. A path is kept
+    as ``(parent, step)`` pairs and spelled out only where it is named (a tensor, an error): a tree of objects
+    has a path per node."""
 
     def __init__(self, inputs: _Inputs, by_value: Collection[str]):
         self.inputs, self.by_value = inputs, by_value
         self.seen: dict[int, int] = {}
 
-    def __call__(self, x: Any, path: str) -> Hashable:
+    def __call__(self, x: Any, path: Any) -> Hashable:
         kind = type(x)
         if kind in _ATOMS:
             return x if kind is int or kind is str else (kind, x)
@@ -849,15 +851,22 @@ class _Walk:
             found = _int_lists(x)
             if found is not None:
                 return found
-            return kind, tuple([self(item, f"{path}[{i}]") for i, item in enumerate(x)])
+            return kind, tuple([self(item, (path, i)) for i, item in enumerate(x)])
         if isinstance(x, torch.Tensor):
-            return _values_key(x) if self.inputs.add(x, path, self.by_value) else _tensor_key(x)
+            text = _path_text(path)
+            return _values_key(x) if self.inputs.add(x, text, self.by_value) else _tensor_key(x)
         if kind is dict:
-            return kind, tuple([(k, self(v, f"{path}[{k!r}]")) for k, v in x.items()])
+            return kind, tuple([(k, self(v, (path, (k,)))) for k, v in x.items()])
         seen = self.seen
         if id(x) in seen:
             return "seen", seen[id(x)]
         seen[id(x)] = len(seen)
+        plain = _PLAIN_OBJECTS.get(kind)
+        if plain is None:
+            plain = _PLAIN_OBJECTS[kind] = _plain_object(x)
+        if plain:
+            self.inputs.objects = True
+            return kind, self._attributes(x, path)
         # Subclasses of the containers and atoms above (an OrderedDict, a namedtuple, an IntEnum) are objects:
         # their items or value are compared, then their attributes; tensors among them are not inputs.
         if isinstance(x, type):   # (a class, as objects' attributes may hold: compared by identity)
@@ -865,23 +874,45 @@ class _Walk:
         family = _family(kind)
         self.inputs.objects = self.inputs.objects or family is not enum.Enum
         if family is Mapping:   # (by its items alone: a mapping's attributes hold its storage, its owner)
-            return kind, tuple([(k, self(v, f"{path}[{k!r}]")) for k, v in x.items()])
+            return kind, tuple([(k, self(v, (path, (k,)))) for k, v in x.items()])
         if family is list:
-            return kind, tuple([self(v, f"{path}[{i}]") for i, v in enumerate(x)]), self._attributes(x, path)
+            return kind, tuple([self(v, (path, i)) for i, v in enumerate(x)]), self._attributes(x, path)
         if family is enum.Enum:   # (a member is one object, compared by identity)
             return kind, x
         if family is not None:
             return kind, family(x), self._attributes(x, path)
-        if hasattr(x, "__dict__") and not isinstance(x, nn.Module) and not _builtin_callable(x):
-            return kind, tuple([(k, self(v, f"{path}.{k}")) for k, v in vars(x).items()])
         if isinstance(x, numpy.ndarray):
             return "ndarray", x.dtype.str, x.shape, x.tobytes()
         if isinstance(x, numpy.generic):
             return kind, x.item()
-        raise TypeError(f"the structure at {path} ({kind.__name__}) cannot be compared by value")
+        raise TypeError(f"the structure at {_path_text(path)} ({kind.__name__}) cannot be compared by value")
 
-    def _attributes(self, x: Any, path: str) -> tuple:
-        return tuple([(k, self(v, f"{path}.{k}")) for k, v in vars(x).items()]) if hasattr(x, "__dict__") else ()
+    def _attributes(self, x: Any, path: Any) -> tuple:
+        if not hasattr(x, "__dict__"):
+            return ()
+        items = []
+        for k, v in vars(x).items():   # (the atoms, most of a node's attributes, without a call)
+            kind = type(v)
+            items.append((k, v if kind is int or kind is str else (kind, v) if kind in _ATOMS else self(v, (path, k))))
+        return tuple(items)
+
+
+def _path_text(path: Any) -> str:
+    """A path of :class:`_Walk` spelled out: ``argument 0.children[1]._store['x']``."""
+    steps = []
+    while type(path) is tuple:
+        path, step = path
+        steps.append(f"[{step}]" if type(step) is int else f".{step}" if type(step) is str else f"[{step[0]!r}]")
+    return path + "".join(reversed(steps))
+
+
+#: per type, whether its instances are compared as plain objects, by their attributes (a tree node)
+_PLAIN_OBJECTS: dict[type, bool] = {}
+
+
+def _plain_object(x: Any) -> bool:
+    return (_family(type(x)) is None and not isinstance(x, (type, nn.Module, numpy.ndarray, numpy.generic))
+            and hasattr(x, "__dict__") and not _builtin_callable(x))
 
 
 def _builtin_callable(x: Any) -> bool:

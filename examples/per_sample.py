@@ -86,6 +86,37 @@ class ChildSumTreeLSTM(nn.Module):
         return states[0][1]
 
 
+class TreeNode:
+    """A parse tree node as widely copied TreeLSTM code builds it: ``idx`` (its word's row), ``children``."""
+
+    def __init__(self, idx: int, children: list[TreeNode]):
+        self.idx, self.children, self.num_children = idx, children, len(children)
+
+
+def object_tree(children: list[list[int]], v: int = 0) -> TreeNode:
+    """The tree of children lists ``children`` as :class:`TreeNode` objects, rooted at ``v``."""
+    return TreeNode(v, [object_tree(children, c) for c in children[v]])
+
+
+class ObjectChildSumTreeLSTM(ChildSumTreeLSTM):
+    """:class:`ChildSumTreeLSTM` as widely copied per-node code writes it, over a tree of :class:`TreeNode`
+    objects: recursion over the children, each node's ``(c, h)`` stored on the node (``tree.state``) for its
+    parent to read, leaves' zero states made by ``x.detach().new(1, d).fill_(0.).requires_grad_()``. Same
+    equations and results; ``forward(tree, x)`` returns the root's ``h``."""
+
+    def forward(self, tree: TreeNode, inputs: torch.Tensor) -> torch.Tensor:   # type: ignore[override]
+        for child in tree.children:
+            self.forward(child, inputs)
+        if tree.num_children == 0:
+            child_c = inputs[0].detach().new(1, self.hidden).fill_(0.).requires_grad_()
+            child_h = inputs[0].detach().new(1, self.hidden).fill_(0.).requires_grad_()
+        else:
+            child_c, child_h = zip(*(child.state for child in tree.children))
+            child_c, child_h = torch.cat(child_c, dim=0), torch.cat(child_h, dim=0)
+        tree.state = self.node_forward(inputs[tree.idx], child_c, child_h)
+        return tree.state[1]
+
+
 class MoleculeGCN(nn.Module):
     """Two sum-aggregation graph convolutions, mean pooling and a sigmoid readout, for one molecule."""
 

@@ -20,7 +20,7 @@ from torch import nn
 import dynamo_relational
 from dynamo_relational import tracing_patches
 from dynamo_relational.frontend import FrontendError
-from examples.per_sample import MODELS, TreeLSTM, TreeRNN, dataset
+from examples.per_sample import MODELS, ObjectChildSumTreeLSTM, TreeLSTM, TreeRNN, dataset, object_tree
 from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager,
                            assert_shuffled_batches_match_eager, traced_per_sample, warnings_logged)
 
@@ -1466,57 +1466,13 @@ def test_a_rows_parts_joined_along_its_dimension_are_restricted_to_a_batch(acros
     assert_rows_batch_as_eager(_RowParts(across), width=4, through_union=not across)
 
 
-class _Tree:
-    """A parse tree node as widely copied TreeLSTM code builds it: ``idx`` (its word), ``children``."""
-
-    def __init__(self, idx: int, children: list):
-        self.idx, self.children, self.num_children = idx, children, len(children)
-
-
-def _object_tree(children: list[list[int]], v: int = 0) -> _Tree:
-    return _Tree(v, [_object_tree(children, c) for c in children[v]])
-
-
-class _ObjectTreeLSTM(nn.Module):
-    """The child-sum TreeLSTM as widely copied per-node code writes it: recursion over tree objects, each node's
-    state stored on the node (``tree.state``) for its parent to read, leaves' zero states made by
-    ``x.detach().new(1, d).fill_(0.).requires_grad_()``, the gates split with ``torch.split``."""
-
-    def __init__(self, features: int = 4, hidden: int = 3):
-        super().__init__()
-        self.hidden = hidden
-        self.ioux, self.iouh = nn.Linear(features, 3 * hidden).double(), nn.Linear(hidden, 3 * hidden).double()
-        self.fx, self.fh = nn.Linear(features, hidden).double(), nn.Linear(hidden, hidden).double()
-
-    def node_forward(self, inputs, child_c, child_h):
-        iou = self.ioux(inputs) + self.iouh(torch.sum(child_h, dim=0, keepdim=True))
-        i, o, u = torch.split(iou, iou.size(1) // 3, dim=1)
-        i, o, u = torch.sigmoid(i), torch.sigmoid(o), torch.tanh(u)
-        f = torch.sigmoid(self.fh(child_h) + self.fx(inputs).repeat(len(child_h), 1))
-        c = torch.mul(i, u) + torch.sum(torch.mul(f, child_c), dim=0, keepdim=True)
-        return c, torch.mul(o, torch.tanh(c))
-
-    def forward(self, tree, inputs):
-        for child in tree.children:
-            self.forward(child, inputs)
-        if tree.num_children == 0:
-            child_c = inputs[0].detach().new(1, self.hidden).fill_(0.).requires_grad_()
-            child_h = inputs[0].detach().new(1, self.hidden).fill_(0.).requires_grad_()
-        else:
-            child_c, child_h = zip(*(child.state for child in tree.children))
-            child_c, child_h = torch.cat(child_c, dim=0), torch.cat(child_h, dim=0)
-        tree.state = self.node_forward(inputs[tree.idx], child_c, child_h)
-        return tree.state
-
-
 def test_tree_objects_whose_nodes_hold_their_states_batch_as_eager():
     """Per-node code that stores each node's state on the sample's tree (``tree.state``) runs its traces, and
     the calls of samples whose structure is traced but not grouped yet (here: the samples given twice), on a
     copy of the tree: the sample's structure stays as it was, and later batches run from the union."""
     torch.manual_seed(0)
-    trees = [(_object_tree(children), x.unsqueeze(1)) for children, x in dataset("childsum", 8, features=4,
-                                                                                 dtype=torch.float64)]
-    model = _ObjectTreeLSTM()
+    trees = [(object_tree(children), x) for children, x in dataset("childsum", 8, features=4, dtype=torch.float64)]
+    model = ObjectChildSumTreeLSTM(4, hidden=3).double()
     batched = dynamo_relational.batch(model, progress=False)
     assert_batches_match_eager(batched, model, trees + trees[:2], through_union=False)
     assert_batches_match_eager(batched, model, trees[::-1])

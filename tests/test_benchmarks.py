@@ -212,10 +212,13 @@ def test_dropout_benchmark_groups_dropout_only_with_the_option():
     assert grouped["nodes_after"] < in_order["nodes_after"] / 3 and grouped["step_ms"] > 0
 
 
-def test_dynamic_benchmark_trains_batched_and_by_hand_as_eager():
+@pytest.mark.parametrize("kind", ["treelstm", "childsum_objects"])
+def test_dynamic_benchmark_trains_batched_and_by_hand_as_eager(kind):
+    """(``childsum_objects``: the trees as node objects holding their states; eager calls store them on trees
+    of their own, the batched module on none.)"""
     from benchmarks import dynamic
 
-    [result] = dynamic.main(["--models", "treelstm", "--samples", "12", "--batch", "4", "--epochs", "3"])
+    [result] = dynamic.main(["--models", kind, "--samples", "12", "--batch", "4", "--epochs", "3"])
     assert set(result["weight_diff"]) == {"batched", "by hand"}
     assert max(result["weight_diff"].values()) < 1e-5, result["weight_diff"]
     assert result["report"].unbatched == 0 and result["report"].structures == 12
