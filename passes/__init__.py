@@ -52,7 +52,7 @@ PIPELINE: tuple[Pass, ...] = (
     Pass("constant_indices", constant_indices.run,
          "h[src], z.index_add(0, dst, m) by a sample's constant indices -> stacks of rows and of their sums"),
     Pass("inplace", inplace.run, "acc += t  ->  acc + t; find the in-place ops that remain", ("row_writes",)),
-    Pass("plain_factories", plain_factories.run, "x.new_zeros(n, d) -> torch.zeros(n, d, dtype=x.dtype, ...)",
+    Pass("plain_factories", plain_factories.run, "x.new_zeros(n, d), zeros_like(x) -> torch.zeros(n, d, ...)",
          ("inplace",)),
     Pass("fold_constants", fold_constants.run, "ops of a sample's factories and constants alone -> one constant",
          ("plain_factories",)),

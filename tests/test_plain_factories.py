@@ -34,3 +34,36 @@ def test_new_factories_read_no_value_and_match_eager(front_end):
 def test_a_sample_making_a_tensor_with_new_tensor_batches():
     """``x.new_tensor(data)`` read all of ``x``, a sample's input, which a union cannot split into rows."""
     assert_rows_batch_as_eager(NewTensors())
+
+
+class ZeroStartedSums(nn.Module):
+    """Each node's sum of messages started from ``torch.zeros_like(h[v])`` (some nodes get none), as per-node
+    message passing is often written; ``ones_like``, ``full_like`` and ``empty_like`` beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.msg = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        h = [torch.relu(self.inp(x[v])) for v in range(len(x))]
+        m = [torch.zeros_like(h[v]) for v in range(len(x))]
+        for u in range(1, len(x)):
+            m[u - 1] = m[u - 1] + self.msg(h[u])
+        scale = [torch.ones_like(h[v]) + torch.full_like(h[v], 0.5) + torch.empty_like(h[v]).zero_()
+                 for v in range(len(x))]
+        return torch.stack([m[v] * scale[v] for v in range(len(x))]).sum(0)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_like_factories_read_no_value_and_match_eager(front_end):
+    torch.manual_seed(0)
+    report = report_matching_eager(front_end, ZeroStartedSums(), torch.randn(4, 3, dtype=torch.float64),
+                                   inductor=False)
+    assert report.stats["plain_factories"] >= 4 * 4
+    assert not report.ungrouped, report.ungrouped
+
+
+def test_sums_started_from_zeros_like_of_a_row_batch():
+    """The last node gets no message: its ``zeros_like(h[v])`` read a row of one sample, which a union cannot
+    restrict to a batch's samples."""
+    assert_rows_batch_as_eager(ZeroStartedSums())
