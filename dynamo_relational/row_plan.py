@@ -698,19 +698,28 @@ class _Analysis:
                        values, spans)
 
 
+#: how many readers :func:`_tagged_reader` looks at, at most
+_READERS_SEARCHED = 256
+
+
 def _tagged_reader(node: fx.Node) -> fx.Node:
-    """The first node tagged with its rows' samples down the chain of sole readers of ``node`` that keep its
-    rows (``node`` itself if none): a gather from a shared tensor that the vectorizer emitted for a group,
-    whose tagged result is made from it (reshaped, activated). Each reader's row ``i`` reads row ``i`` of
-    ``node`` only (checked when the reader is visited), so the sample of row ``i`` is the reader's."""
-    rows, at = _static_info(node).shape[0], node
-    while len(at.users) == 1 and ROW_SAMPLES not in at.meta:
-        reader = next(iter(at.users))
-        info = tensor_info(reader)
-        if info is None or not info.shape or info.shape[0] != rows:
-            break
-        at = reader
-    return at if ROW_SAMPLES in at.meta else node
+    """The first node tagged with its rows' samples among the readers of ``node`` that keep its rows, and
+    their readers that do (``node`` itself if none): a gather from a shared tensor that the vectorizer
+    emitted for a group, whose tagged result is made from it (reshaped, activated; a recurrent cell reads its
+    state twice). Each reader's row ``i`` reads row ``i`` of ``node`` only (checked when the reader is
+    visited, as are the tags of the others), so the sample of row ``i`` is the reader's."""
+    rows = _static_info(node).shape[0]
+    todo, seen = [node], {node}
+    while todo and len(seen) <= _READERS_SEARCHED:
+        at = todo.pop(0)
+        if ROW_SAMPLES in at.meta:
+            return at
+        for reader in at.users:
+            info = tensor_info(reader)
+            if reader not in seen and info is not None and info.shape and info.shape[0] == rows:
+                seen.add(reader)
+                todo.append(reader)
+    return node
 
 
 def _propagate_shapes(gm: fx.GraphModule) -> None:
