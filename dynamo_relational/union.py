@@ -160,8 +160,8 @@ def _compact(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: dict[i
     else:
         collated = _collates(sample)
         found = None if collated is None else \
-            (collated, program_key(sample, collated), _read_whole(sample.records, collated | _unneeded(sample.records,
-                                                                                                        collated)))
+            (collated, program_key(sample, collated),
+             _argument_reads(sample.records, collated | _unneeded(sample.records, collated))[1])
         if collations is not None:
             if len(collations) >= _COLLATIONS_KEPT:
                 collations.clear()
@@ -199,7 +199,8 @@ def _sample_graph(graph: fx.GraphModule, out_spec: pytree.TreeSpec, constants: d
     inputs = tuple(_tensor_info(n) for n in graph.graph.find_nodes(op="placeholder"))
     shapes = tuple(_tensor_info(leaf).shape for leaf in output.args[0])
     records = _records(graph.graph)
-    return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, _read_whole(records), _read(records))
+    read, read_whole = _argument_reads(records)
+    return SampleGraph(records, attrs, out_spec, constants, inputs, shapes, read_whole, read)
 
 
 def _collates(sample: SampleGraph) -> frozenset[int] | None:
@@ -341,30 +342,23 @@ def _arguments_read(node: fx.Node, memo: dict[fx.Node, frozenset[fx.Node]]) -> f
     return memo[node]
 
 
-def _read_whole(records: Sequence[tuple], ignored: frozenset[int] = frozenset()) -> tuple[bool, ...]:
-    """Which tensor arguments of a sample's ``records`` are read otherwise than row by row (``x[v]``: the reads
-    :func:`_row_read` makes reads of the union's input) by records but the ``ignored`` ones."""
+def _argument_reads(records: Sequence[tuple], ignored: frozenset[int] = frozenset()
+                    ) -> tuple[tuple[bool, ...], tuple[bool, ...]]:
+    """Which tensor arguments of a sample's ``records`` are read by records but the ``ignored`` ones, and which
+    of them otherwise than row by row (``x[v]``: the reads :func:`_row_read` makes reads of the union's input)."""
     rows = {i: (info.shape[0] if (info := record_info(r)) is not None and info.shape else 0)
             for i, r in enumerate(records) if r[0] == "placeholder"}
-    whole = dict.fromkeys(rows, False)
+    read, whole = dict.fromkeys(rows, False), dict.fromkeys(rows, False)
     for i, (op, target, args, kwargs, _, _) in enumerate(records):
         if i in ignored:
             continue
         for x in record_slots((args, kwargs)):
-            if x in whole and (op != "call_function" or target is not operator.getitem or kwargs or args[0] != x
-                               or len(args) != 2 or _read_row(args[1], rows[x]) is None):
-                whole[x] = True
-    return tuple(whole.values())
-
-
-def _read(records: Sequence[tuple]) -> tuple[bool, ...]:
-    """Which tensor arguments of a sample's ``records`` some record reads."""
-    read = {i: False for i, r in enumerate(records) if r[0] == "placeholder"}
-    for _, _, args, kwargs, _, _ in records:
-        for x in record_slots((args, kwargs)):
-            if x in read:
+            if x in whole:
                 read[x] = True
-    return tuple(read.values())
+                if op != "call_function" or target is not operator.getitem or kwargs or args[0] != x \
+                        or len(args) != 2 or _read_row(args[1], rows[x]) is None:
+                    whole[x] = True
+    return tuple(read.values()), tuple(whole.values())
 
 
 def _records(graph: fx.Graph) -> tuple[tuple, ...]:
