@@ -354,6 +354,56 @@ def assert_rows_batch_as_eager(model: nn.Module, through_union: bool = True, wid
     return batched
 
 
+class ZeroStartedSums(nn.Module):
+    """Each node's sum of messages started from ``torch.zeros_like(h[v])`` (some nodes get none), as per-node
+    message passing is often written; ``ones_like``, ``full_like`` and ``empty_like`` beside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.msg = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, dtype=torch.float64)
+
+    def forward(self, x):
+        h = [torch.relu(self.inp(x[v])) for v in range(len(x))]
+        m = [torch.zeros_like(h[v]) for v in range(len(x))]
+        for u in range(1, len(x)):
+            m[u - 1] = m[u - 1] + self.msg(h[u])
+        scale = [torch.ones_like(h[v]) + torch.full_like(h[v], 0.5) + torch.empty_like(h[v]).zero_()
+                 for v in range(len(x))]
+        return torch.stack([m[v] * scale[v] for v in range(len(x))]).sum(0)
+
+
+class TypedGRUMessages(nn.Module):
+    """Message passing as per-node code often writes it: each node's sum started from zeros (``x.new_zeros(d)``:
+    a node without messages keeps them), a weight per edge type from a ``ModuleDict``, and a GRU cell of each
+    node's sum and state, on ``[1, d]`` rows made by ``unsqueeze``."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(3, 4, dtype=torch.float64)
+        self.msg = nn.ModuleDict({t: nn.Linear(4, 4, bias=False, dtype=torch.float64) for t in ("a", "b")})
+        self.gru = nn.GRUCell(4, 4, dtype=torch.float64)
+
+    def forward(self, edges, x):
+        h = [torch.relu(self.inp(x[v])) for v in range(len(x))]
+        for _ in range(2):
+            m = [x.new_zeros(4) for _ in range(len(x))]
+            for u, v, kind in edges:
+                m[v] = m[v] + self.msg[kind](h[u])
+            h = [self.gru(m[v].unsqueeze(0), h[v].unsqueeze(0)).squeeze(0) for v in range(len(x))]
+        return torch.stack(h).sum(0)
+
+
+def typed_graphs() -> list[tuple]:
+    """Six float64 graphs of 2 to 5 nodes for :class:`TypedGRUMessages`: ``(u, v, type)`` edges, ``[n, 3]`` features."""
+    generator = torch.Generator().manual_seed(0)
+    graphs = []
+    for n in (3, 4, 2, 5, 3, 4):
+        pairs = torch.randint(0, n, (n, 2), generator=generator).tolist()
+        graphs.append(([(u, v, "ab"[k % 2]) for k, (u, v) in enumerate(pairs)],
+                       torch.randn(n, 3, dtype=torch.float64, generator=generator)))
+    return graphs
+
+
 class Comparisons(nn.Module):
     """Comparison operators on traced values as masks (``h == b``, ``h > 0``): tensor methods named ``__eq__``
     ... ``__ge__``, like attributes every Python object has."""

@@ -22,7 +22,8 @@ from dynamo_relational import tracing_patches
 from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MODELS, ObjectChildSumTreeLSTM, TreeLSTM, TreeRNN, dataset, object_tree
 from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager,
-                           assert_shuffled_batches_match_eager, traced_per_sample, warnings_logged)
+                           assert_shuffled_batches_match_eager, traced_per_sample, typed_graphs, TypedGRUMessages,
+                           warnings_logged)
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
@@ -602,37 +603,10 @@ def test_nodes_without_messages_batch_in_any_readout(readout):
     assert_shuffled_batches_match_eager(Readout(), graphs)
 
 
-class _TypedGRUMessages(nn.Module):
-    """Message passing as per-node code often writes it: each node's sum started from zeros (``x.new_zeros(d)``:
-    a node without messages keeps them), a weight per edge type from a ``ModuleDict``, and a GRU cell of each
-    node's sum and state, on ``[1, d]`` rows made by ``unsqueeze``."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp = nn.Linear(3, 4, dtype=torch.float64)
-        self.msg = nn.ModuleDict({t: nn.Linear(4, 4, bias=False, dtype=torch.float64) for t in ("a", "b")})
-        self.gru = nn.GRUCell(4, 4, dtype=torch.float64)
-
-    def forward(self, edges, x):
-        h = [torch.relu(self.inp(x[v])) for v in range(len(x))]
-        for _ in range(2):
-            m = [x.new_zeros(4) for _ in range(len(x))]
-            for u, v, kind in edges:
-                m[v] = m[v] + self.msg[kind](h[u])
-            h = [self.gru(m[v].unsqueeze(0), h[v].unsqueeze(0)).squeeze(0) for v in range(len(x))]
-        return torch.stack(h).sum(0)
-
-
 def test_a_recurrent_cell_of_sums_started_from_zeros_batches():
     """The zeros of nodes without messages are one value for all samples, which the cell's group gathers for
     those nodes; the gather's rows take their samples from the cell's result (it reads its state twice)."""
-    generator = torch.Generator().manual_seed(0)
-    graphs = []
-    for n in (3, 4, 2, 5, 3, 4):
-        pairs = torch.randint(0, n, (n, 2), generator=generator).tolist()
-        graphs.append(([(u, v, "ab"[k % 2]) for k, (u, v) in enumerate(pairs)],
-                       torch.randn(n, 3, dtype=torch.float64, generator=generator)))
-    assert_shuffled_batches_match_eager(_TypedGRUMessages(), graphs)
+    assert_shuffled_batches_match_eager(TypedGRUMessages(), typed_graphs())
 
 
 @pytest.mark.parametrize("given", ["arguments", "Data"])

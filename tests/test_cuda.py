@@ -21,13 +21,14 @@ from dynamo_relational.kernels.gather_reduce import gather_reduce, gather_rows, 
 from dynamo_relational.kernels.segment import csr_offsets, segment_reduce
 from benchmarks.idioms import IDIOMS
 from examples.data import graph_batch
-from examples.per_sample import MODELS as PER_SAMPLE_MODELS, dataset
+from examples.per_sample import MODELS as PER_SAMPLE_MODELS, ObjectChildSumTreeLSTM, dataset, object_tree
 from examples.styles import STYLES
 from tests.helpers import (BUILDERS, ELEMENTWISE_ROWS, ELEMENTWISE_WIDTH, LAYOUT_ROWS, POOLING_NEIGHBORS,
                            STATISTICS_NEIGHBORS, TOLERANCE, Layouts, PerNeuronScalars, Pooling, Statistics,
                            assert_batches_match_eager, assert_compiled_matches_eager,
                            assert_shuffled_batches_match_eager,
-                           assert_fast_compile_matches_eager, compressed_rows, fact_gcn)
+                           TypedGRUMessages, ZeroStartedSums, assert_fast_compile_matches_eager, compressed_rows,
+                           fact_gcn, typed_graphs)
 
 # (the package exports the op under the module's name)
 gather_reduce_module = importlib.import_module("dynamo_relational.kernels.gather_reduce")
@@ -285,6 +286,41 @@ def test_batches_of_samples_on_cuda_equal_eager(kind):
     for batch in (data[::2], data[1::3]):
         assert_batches_match_eager(batched, model, batch)
     assert batched.report.unbatched == 0 and batched.report.groupings == 1, batched.report
+
+
+class _UnreadEdges(torch.nn.Module):
+    """An MLP baseline whose edge index no sample reads: the union takes no such input."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 4, dtype=torch.float64)
+
+    def forward(self, x, edge_index):
+        return torch.relu(self.lin(x)).mean(0)
+
+
+def _per_node_code(name: str) -> tuple[torch.nn.Module, list[tuple]]:
+    generator = torch.Generator().manual_seed(0)
+    rows = [torch.randn(n, 3, dtype=torch.float64, generator=generator) for n in (2, 3, 2, 4)]
+    if name == "typed GRU messages":
+        return TypedGRUMessages(), typed_graphs()
+    if name == "sums from zeros_like":
+        return ZeroStartedSums(), [(x,) for x in rows]
+    if name == "unread edge index":
+        return _UnreadEdges(), [(x, torch.randint(0, len(x), (2, len(x) + 1), generator=generator)) for x in rows]
+    trees = [(object_tree(children), x) for children, x in dataset("childsum", 8, features=4, dtype=torch.float64)]
+    return ObjectChildSumTreeLSTM(4, hidden=3).double(), trees
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["typed GRU messages", "sums from zeros_like", "unread edge index", "node objects"])
+def test_per_node_code_batches_on_cuda(name):
+    """Per-node code as public repositories write it, batched on the GPU: sums started from zeros feeding a GRU
+    cell, ``zeros_like`` factories, an argument no sample reads, and trees of node objects run on copies."""
+    torch.manual_seed(0)
+    model, samples = _per_node_code(name)
+    samples = [tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in sample) for sample in samples]
+    assert_shuffled_batches_match_eager(model.cuda(), samples)
 
 
 @needs_cuda

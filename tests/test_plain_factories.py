@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import assert_rows_batch_as_eager, report_matching_eager
+from tests.helpers import ZeroStartedSums, assert_rows_batch_as_eager, report_matching_eager
 
 
 class NewTensors(nn.Module):
@@ -34,24 +34,6 @@ def test_new_factories_read_no_value_and_match_eager(front_end):
 def test_a_sample_making_a_tensor_with_new_tensor_batches():
     """``x.new_tensor(data)`` read all of ``x``, a sample's input, which a union cannot split into rows."""
     assert_rows_batch_as_eager(NewTensors())
-
-
-class ZeroStartedSums(nn.Module):
-    """Each node's sum of messages started from ``torch.zeros_like(h[v])`` (some nodes get none), as per-node
-    message passing is often written; ``ones_like``, ``full_like`` and ``empty_like`` beside it."""
-
-    def __init__(self):
-        super().__init__()
-        self.inp, self.msg = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, dtype=torch.float64)
-
-    def forward(self, x):
-        h = [torch.relu(self.inp(x[v])) for v in range(len(x))]
-        m = [torch.zeros_like(h[v]) for v in range(len(x))]
-        for u in range(1, len(x)):
-            m[u - 1] = m[u - 1] + self.msg(h[u])
-        scale = [torch.ones_like(h[v]) + torch.full_like(h[v], 0.5) + torch.empty_like(h[v]).zero_()
-                 for v in range(len(x))]
-        return torch.stack([m[v] * scale[v] for v in range(len(x))]).sum(0)
 
 
 @pytest.mark.parametrize("front_end", ["backend", "fast"])
