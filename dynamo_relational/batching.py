@@ -66,7 +66,8 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from .kernels.gather_reduce import INDEXED_FORMS
-from .errors import DataDependenceError, FrontendError, GradStateRead, OptionsError, UntracedCall
+from .errors import (DataDependenceError, FrontendError, GradStateRead, OptionsError, StoredTracedValue,
+                     UntracedCall)
 from .module_hooks import global_hooks, module_hooks
 from .options import Options
 from .passes import PassContext
@@ -478,6 +479,11 @@ class BatchedModule(nn.Module):
         except UntracedCall as e:   # (eager's call ran: its samples run with the model)
             log.info("relational: a sample's call cannot be traced; its structure runs with the model: %s", e)
             return _Structure(None, f"forward cannot be traced: {e}"), e.result
+        except StoredTracedValue as e:   # (undone: the model's own call stores it, as eager's does)
+            log.info("relational: a sample's call stores a traced value in the model; its structure runs with the "
+                     "model: %s", e)
+            return _Structure(None, f"a run from the union would not store what forward stores: {e}"), \
+                (self._called([sample], [tensors], 0, {}),)
         except GradStateRead as e:   # (gradients off: the call was not recorded, which would answer the read)
             return _Structure(None, str(e), retrace_with_grad=True), (self._called([sample], [tensors], 0, {}),)
         try:

@@ -39,3 +39,8 @@ class UntracedCall(FrontendError):
     def __init__(self, message: str, result: tuple):
         super().__init__(message)
         self.result = result
+
+
+class StoredTracedValue(FrontendError):
+    """A live trace's call stored a traced value in the model (an attribute, a list it holds), which a graph
+    cannot repeat for each sample; the store, the call's writes and its random draws are undone."""

@@ -93,6 +93,11 @@ def _is_tensor_method(func: Callable) -> bool:
         return is_tensor_method_or_property(func)
 
 
+def shown_name(model: nn.Module) -> str:
+    """The name that messages about ``model.forward`` give it (a batched sample's call: its model's)."""
+    return getattr(model, "shown_as", type(model).__name__)
+
+
 class Tracer(fx.Tracer):
     """Traces through every module; each node's value is computed as it is recorded."""
 
@@ -341,7 +346,7 @@ class Tracer(fx.Tracer):
         are alive; its structure goes to :attr:`out_spec`. (Flattened here, fx never sees the containers: it
         would make its own immutable lists and dicts of them, and a node constructing each namedtuple.)"""
         leaves, self.out_spec = pytree.tree_flatten(outputs)
-        name = getattr(self.model, "shown_as", type(self.model).__name__)
+        name = shown_name(self.model)
         for leaf in leaves:
             if isinstance(leaf, ValueProxy) and not isinstance(leaf.value, torch.Tensor):
                 raise FrontendError(f"{name}.forward returns {leaf.node.name} (a "

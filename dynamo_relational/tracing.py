@@ -16,7 +16,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.utils import _pytree as pytree
 
 from .forward_constants import copy_mutated_constants, returned_constants_share_memory
-from .errors import DataDependenceError, FrontendError, UntracedCall
+from .errors import DataDependenceError, FrontendError, StoredTracedValue, UntracedCall
 from .model_state import (HeldAttributes, ModuleAttributes, PlainObjects, assigned_traced_values, is_proxy,
                           module_attributes, take_out, traced_in)
 from .module_hooks import refuse_unrecorded_hooks
@@ -24,7 +24,7 @@ from .ops import tensor_info
 from .progress import NONE as NO_PROGRESS, CompileProgress
 from .recorder import Recording
 from .source_lines import recorded_line
-from .tracer import Tracer, inputs_of
+from .tracer import Tracer, inputs_of, shown_name
 from .untraced_calls import drew_since, generator_states, set_generator_states
 
 log = logging.getLogger("dynamo_relational")
@@ -136,13 +136,16 @@ def _recorded(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str]
     if recording.unusable is None:
         return recording, cast(tuple, recording.call_result)
     try:
-        return from_copies(), cast(tuple, recording.call_result)
+        tracer = from_copies()
+        if recording.stored_traced_value:   # (the tracer's refusal names the line)
+            _refuse_changes_to_the_model(model, attributes, objects, before)
+        return tracer, cast(tuple, recording.call_result)
     except DataDependenceError:
         raise
     except FrontendError as e:   # (library code may fail on proxies before the tracer finds what the call did)
         message = f"{e}\nWhile the call ran, its recording found: {recording.unusable}."
         if recording.stored_traced_value:   # (taken out of the model: the call does not stand as eager's)
-            raise FrontendError(message) from e
+            raise StoredTracedValue(message) from e
         raise UntracedCall(message, cast(tuple, recording.call_result)) from e
 
 
@@ -164,7 +167,7 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
         tracer = _traced_again(model, inputs, names, progress, generators, record_random_ops=True)
         if drew_since(generators):
             raise FrontendError(
-                f"{type(model).__name__}.forward draws random numbers outside the traced graph through an op "
+                f"{shown_name(model)}.forward draws random numbers outside the traced graph through an op "
                 "that is not known to be random; dynamo_relational.compile would freeze them. Use torch's "
                 "random functions, or torch.compile(model, backend=\"relational\").")
     # Tensor factories are recorded on another trace only where a constant loses eager's behaviour: a traced
@@ -198,7 +201,7 @@ def _traced(model: nn.Module, inputs: Sequence[torch.Tensor], names: list[str], 
     if changed is not None:
         t = tracer.attrs[changed]
         raise FrontendError(
-            f"{type(model).__name__}.forward writes in place into a tensor made outside forward (a {t.dtype} "
+            f"{shown_name(model)}.forward writes in place into a tensor made outside forward (a {t.dtype} "
             f"tensor of shape {tuple(t.shape)}, read at {_first_read(tracer.graph, changed)}) after a traced op "
             "read it: dynamo_relational.compile would read that tensor as the write left it, everywhere. Make it "
             "in forward with a factory, register it as a buffer, or use torch.compile(model, "
@@ -235,7 +238,7 @@ def _refuse_changes_to_the_model(model: nn.Module, attributes: HeldAttributes, o
         found = traced_in(vars(module)[name], is_proxy)
         take_out(assigned)
         raise FrontendError(
-            f"{type(model).__name__}.forward stores a traced value in {type(module).__name__}.{name} (the value "
+            f"{shown_name(model)}.forward stores a traced value in {type(module).__name__}.{name} (the value "
             f"computed at {recorded_line(found.node)}): dynamo_relational.compile records tensor ops, {in_lists}")
     for holder, why in (
             (attributes, in_lists),
@@ -246,12 +249,12 @@ def _refuse_changes_to_the_model(model: nn.Module, attributes: HeldAttributes, o
         if stored is not None:
             holder.restore()
             raise FrontendError(
-                f"{type(model).__name__}.forward stores a traced value in {stored[0]} (the value computed at "
+                f"{shown_name(model)}.forward stores a traced value in {stored[0]} (the value computed at "
                 f"{recorded_line(stored[1].node)}): dynamo_relational.compile records tensor ops, {why}")
     changed = attributes.changed(scalars=False)
     if changed is not None:
         attributes.restore()
         raise FrontendError(
-            f"{type(model).__name__}.forward changes {changed[0]} ({changed[1]} while tracing): dynamo_relational."
+            f"{shown_name(model)}.forward changes {changed[0]} ({changed[1]} while tracing): dynamo_relational."
             "compile would make that change once, at compile time, not on every call. Register the tensor as a "
             "buffer and update it in place, or use torch.compile(model, backend=\"relational\").")

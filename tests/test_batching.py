@@ -9,6 +9,7 @@ import gc
 import operator
 import dataclasses
 import random
+import re
 from operator import getitem
 
 import pytest
@@ -1139,20 +1140,26 @@ def test_a_trace_that_cannot_stand_for_the_call_is_undone_and_the_sample_runs_ea
     assert model.norm.num_batches_tracked == len(batch)
 
 
-def test_a_refused_live_trace_leaves_the_buffers_as_they_were():
+def test_a_model_that_keeps_traced_values_in_its_list_runs_with_the_model_as_eager():
+    """A traced value appended to the model's list is refused after the recorded call, which is undone (its
+    buffer updates too): the model's own call runs instead, once per sample, as eager's."""
     class Storing(_Normed):
         def forward(self, children, x):
             h = super().forward(children, x)
-            self.history.append(h)   # a traced value kept in the model's list: refused after the trace
+            self.history.append(h)
             return h
 
     model = Storing().double()
     model.history = []
-    before = model.norm.running_mean.clone()
-    with pytest.raises(FrontendError, match="stores a traced value"):
-        dynamo_relational.batch(model)(dataset("treernn", 1, features=3, dtype=torch.float64))
-    torch.testing.assert_close(model.norm.running_mean, before, rtol=0, atol=0)
-    assert model.norm.num_batches_tracked == 0
+    twin = copy.deepcopy(model)
+    data = dataset("treernn", 3, features=3, dtype=torch.float64)
+    batched = dynamo_relational.batch(model, progress=False)
+    for batch in (data, data[::-1]):
+        torch.testing.assert_close(batched(batch), [twin(*sample) for sample in batch], rtol=0, atol=0)
+    torch.testing.assert_close(model.history, twin.history, rtol=0, atol=0)
+    torch.testing.assert_close(model.norm.running_mean, twin.norm.running_mean, rtol=0, atol=0)
+    assert model.norm.num_batches_tracked == 2 * len(data) and model.calls == twin.calls
+    assert "stores a traced value in Storing.history" in batched.report.unbatched_reason
 
 
 def test_switching_to_eval_traces_again():
@@ -1543,21 +1550,29 @@ class _OutputsOnTheModel(_WordTreeRNN):
         return torch.cat(self.outputs)
 
 
-def test_a_list_of_traced_values_assigned_to_the_model_is_a_clear_error_naming_the_sample():
-    """A run from the union would not assign it, and the trace would leave its values there: refused, and taken
-    out of the model; nothing of the sample is cached."""
+def test_a_list_of_traced_values_assigned_to_the_model_runs_with_the_model():
+    """A run from the union would not assign it (an RNTN keeping each node's output on the model): the
+    structure runs with the model, which assigns the list of the batch's last sample, as eager's calls do; the
+    reason says how to batch it."""
     trees = [(children, [v % 10 for v in range(len(children))]) for children, _ in dataset("treernn", 3)]
     model = _OutputsOnTheModel()
     batched = dynamo_relational.batch(model, progress=False)
-    with pytest.raises(FrontendError, match=r"sample 0: .*stores a traced value in _OutputsOnTheModel.outputs"):
-        batched(trees)
-    assert not hasattr(model, "outputs") and batched.report.structures == 0
+    for batch in (trees, trees[::-1]):
+        assert_batches_match_eager(batched, model, batch, through_union=False)
+        model(*batch[-1])
+        kept = model.outputs
+        batched(batch)
+        torch.testing.assert_close(model.outputs, kept, rtol=0, atol=0)
+    report = batched.report
+    assert report.structures == len(trees) and report.groupings == 0, report
+    assert "stores a traced value in _OutputsOnTheModel.outputs" in report.unbatched_reason
+    assert "Collect such values in a local list" in report.unbatched_reason
 
 
-def test_code_that_fails_on_the_tracers_proxies_is_an_error_naming_what_its_recording_found():
+def test_code_that_fails_on_the_tracers_proxies_and_stores_a_value_runs_with_the_model():
     """Library code that checks for real tensors (``isinstance(x, torch.Tensor)``) fails on the tracer's
     proxies, which trace a call whose recording gave up (here: forward keeps a traced value on the model): the
-    error says what the recording found too."""
+    model's own call runs, and the reason says what the recording found."""
     class KeepsAValue(nn.Module):
         def forward(self, x):
             if not isinstance(x, torch.Tensor):
@@ -1565,11 +1580,14 @@ def test_code_that_fails_on_the_tracers_proxies_is_an_error_naming_what_its_reco
             self.kept = x * 2
             return x.sum()
 
-    batched = dynamo_relational.batch(KeepsAValue(), progress=False)
-    with pytest.raises(FrontendError, match=r"(?s)sample 0: ValueError while tracing .*x must be a tensor.*its "
-                                            r"recording found: forward stored a traced value in the model"):
-        batched([(torch.randn(3),)])
-    assert batched.report.structures == 0
+    model = KeepsAValue()
+    batched = dynamo_relational.batch(model, progress=False)
+    samples = [(torch.randn(3),), (torch.randn(4),)]
+    for batch in (samples, samples[::-1]):
+        assert_batches_match_eager(batched, model, batch, through_union=False)
+        torch.testing.assert_close(model.kept, batch[-1][0] * 2)
+    assert re.search(r"(?s)ValueError while tracing .*x must be a tensor.*its recording found: forward stored a "
+                     r"traced value in the model", batched.report.unbatched_reason), batched.report.unbatched_reason
 
 
 class _Doubled(torch.autograd.Function):
