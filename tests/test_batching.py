@@ -663,6 +663,33 @@ def test_pytorch_geometric_layers_called_on_one_graph_batch_as_one_union(layer):
     assert batched.report.union_nodes[1] < 90, batched.report
 
 
+def test_a_pytorch_geometric_layer_keeping_its_attention_for_a_loss_runs_with_the_model_in_training():
+    """``SuperGATConv`` keeps each training call's attention logits on itself for ``get_attention_loss()``:
+    its samples run with the model, which keeps the last sample's, as eager's calls do (negative edges drawn
+    alike); in eval mode it keeps none, and batches."""
+    pyg = pytest.importorskip("torch_geometric")
+
+    class OneGraph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = pyg.nn.SuperGATConv(3, 4)
+
+        def forward(self, x, edge_index):
+            return torch.relu(self.conv(x, edge_index)).mean(0)
+
+    model, graphs = OneGraph().double(), _edge_list_graphs("h[src]")
+    batched = dynamo_relational.batch(model, progress=False)
+    for batch in (graphs, graphs[::-1]):
+        torch.manual_seed(0)
+        got = batched(batch)
+        loss = model.conv.get_attention_loss()
+        torch.manual_seed(0)
+        torch.testing.assert_close(got, [model(*sample) for sample in batch], rtol=0, atol=0)
+        torch.testing.assert_close(loss, model.conv.get_attention_loss(), rtol=0, atol=0)
+    assert batched.report.unbatched == 2 and "would not store" in batched.report.unbatched_reason, batched.report
+    assert_shuffled_batches_match_eager(model.eval(), graphs)
+
+
 def test_graphs_of_one_shape_with_other_edges_are_other_structures():
     """Two graphs of the same sizes whose edges differ never share a trace: each runs with its own edges."""
     model = _EdgeIndexGCN("h[src]")
