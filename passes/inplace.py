@@ -18,8 +18,8 @@ and the plain op computes the same values. Every other in-place op is
 recorded in ``ctx.keep_order``; the grouping pass then leaves the graph as it
 is, since grouping copies values that in-place ops may alias. When none is
 left, a ``clone`` that is only read is replaced by its input (same value, one
-node less). Dropout outside training, which returns its input itself, is
-first replaced by that input.
+node less). Dropout outside training or of probability 0, which returns its
+input itself, is first replaced by that input.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from dynamo_relational.ops import REGISTRY, tensor_info
-from dynamo_relational.ops.elementwise import ELEMENTWISE, RANDOM_IN_TRAINING, in_training
+from dynamo_relational.ops.elementwise import ELEMENTWISE, RANDOM_IN_TRAINING, may_draw
 from dynamo_relational.ops.facts import aten_name, is_zeros, makes_tensor, may_alias, writes
 
 from .context import PassContext
@@ -87,13 +87,13 @@ def _pure_call(node: fx.Node):
     return None
 
 
-def _read_through_eval_dropouts(graph: fx.Graph) -> None:
-    """Dropout outside training returns its input itself: its users read the input instead. Exact,
-    aliasing included: ``F.dropout(h, training=False).relu_()`` writes into ``h`` (which AOT autograd,
-    taking the dropout's result for a new tensor, would not do)."""
+def _read_through_idle_dropouts(graph: fx.Graph) -> None:
+    """Dropout outside training, or of probability 0, returns its input itself: its users read the input
+    instead. Exact, aliasing included: ``F.dropout(h, training=False).relu_()`` writes into ``h`` (which AOT
+    autograd, taking the dropout's result for a new tensor, would not do)."""
     for target in RANDOM_IN_TRAINING:
         for node in graph.find_nodes(op="call_function", target=target):
-            if not in_training(node) and node.args and isinstance(node.args[0], fx.Node):
+            if not may_draw(node) and node.args and isinstance(node.args[0], fx.Node):
                 node.replace_all_uses_with(node.args[0])
                 graph.erase_node(node)
 
@@ -144,7 +144,7 @@ def _new_leaf(graph: fx.Graph, node: fx.Node) -> bool:
 
 
 def run(gm: fx.GraphModule, ctx: PassContext) -> fx.GraphModule:
-    _read_through_eval_dropouts(gm.graph)
+    _read_through_idle_dropouts(gm.graph)
     for node in list(gm.graph.nodes):
         if not writes(node):
             continue

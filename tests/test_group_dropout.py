@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dynamo_relational
-from tests.helpers import TOLERANCE
+from tests.helpers import TOLERANCE, assert_shuffled_batches_match_eager, report_matching_eager
 
 NEURONS, WIDTH, P = 40, 64, 0.3
 
@@ -104,10 +104,10 @@ def test_without_the_option_each_dropout_keeps_its_place_and_eagers_numbers():
 class DroppedTreeRNN(nn.Module):
     """A TreeRNN written for one tree, with dropout on every node's state (``inner``) and on its result."""
 
-    def __init__(self, inner: bool):
+    def __init__(self, inner: bool, p: float = P):
         super().__init__()
         self.W, self.U = nn.Linear(4, 8, dtype=torch.float64), nn.Linear(8, 8, bias=False, dtype=torch.float64)
-        self.drop, self.inner = nn.Dropout(P), inner
+        self.drop, self.inner = nn.Dropout(p), inner
 
     def forward(self, children, x):
         h = [None] * len(children)
@@ -171,3 +171,21 @@ def test_batch_groups_dropout_of_every_node_with_the_option():
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(batched(data), [model(*s) for s in data], **TOLERANCE[torch.float64])
+
+
+class ZeroDropout(nn.Module):
+    def forward(self, x):
+        return torch.stack([F.dropout(torch.tanh(x[v]), 0.0, self.training) for v in range(x.shape[0])]).sum(0)
+
+
+@pytest.mark.parametrize("front_end", ["backend", "fast"])
+def test_dropout_of_probability_zero_returns_its_input_and_groups(front_end):
+    """Dropout of probability 0 (``nn.Dropout(0.0)``, layers' default ``dropout=0``) draws nothing and returns
+    its input itself, in training too: read through, it groups without the option."""
+    torch.manual_seed(0)
+    report = report_matching_eager(front_end, ZeroDropout(), torch.randn(6, 4, dtype=torch.float64), inductor=False)
+    assert not report.ungrouped, report.ungrouped
+
+
+def test_batch_runs_dropout_of_probability_zero_from_the_union():
+    assert_shuffled_batches_match_eager(DroppedTreeRNN(inner=True, p=0.0), _trees(8))

@@ -79,7 +79,7 @@ class Elementwise(OpFamily):
             return str(e)
         if not operands:
             return "no tensor operand"
-        if not group_dropout and node.target in RANDOM_IN_TRAINING and in_training(node):
+        if not group_dropout and node.target in RANDOM_IN_TRAINING and may_draw(node):
             return "dropout in training mode draws eager's random numbers in eager's order (option group_dropout)"
         if node.target in _SCALAR_VALUE:
             value = node.args[2] if len(node.args) > 2 else node_kwargs.get("value")
@@ -278,12 +278,16 @@ RANDOM_IN_TRAINING: dict[Callable[..., Any], tuple[str, ...]] = {F.dropout: ("in
                                                                   torch.dropout: ("input", "p", "train")}
 
 
-def in_training(node: fx.Node) -> bool:
-    """Whether a dropout ``node`` may be in training mode (anything but a literal ``training=False``)."""
+def may_draw(node: fx.Node) -> bool:
+    """Whether a dropout ``node`` may draw a mask: anything but a literal ``training=False`` or ``p=0``, with which
+    it draws nothing and returns its input itself (``nn.Dropout(0.0)``, layers' default ``dropout=0``)."""
     assert not isinstance(node.target, str)   # (dropouts are functions)
     names = RANDOM_IN_TRAINING[node.target]
     args = node_args(node, names)
-    return args is None or args.get(names[2], True) is not False
+    if args is None:
+        return True
+    p = args.get(names[1], 0.5)
+    return args.get(names[2], True) is not False and not (type(p) in (int, float) and p == 0)
 
 
 def draws_random_numbers(node: fx.Node) -> bool:
@@ -292,7 +296,7 @@ def draws_random_numbers(node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     try:
-        return node.target in RANDOM_IN_TRAINING and in_training(node)
+        return node.target in RANDOM_IN_TRAINING and may_draw(node)
     except TypeError:   # unhashable target
         return False
 
