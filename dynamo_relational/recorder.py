@@ -313,8 +313,10 @@ class Recording(TorchFunctionMode):
             node.meta["rel_info"] = info = value_info(out)
             self._note_number(info)
             self._traced(out, node)
-        elif isinstance(out, (tuple, list)) and out and all(isinstance(t, torch.Tensor) for t in out):
-            # (also torch.return_types: h.max(0).values reads the item itself)
+        elif isinstance(out, (tuple, list)) and any(isinstance(t, torch.Tensor) for t in out) \
+                and all(isinstance(t, torch.Tensor) or t is None for t in out):
+            # (also torch.return_types: h.max(0).values reads the item itself; an attention's weights it was
+            # not asked for are None)
             node.meta["rel_info"] = None
             source = node
             if node.target == "unbind" and node.args[1:] in ((), (0,)) and not node.kwargs:
@@ -322,6 +324,8 @@ class Recording(TorchFunctionMode):
                 source = cast(fx.Node, node.args[0])
                 self.graph.erase_node(node)
             for i, t in enumerate(out):   # (fx's proxies record a getitem for each item read)
+                if t is None:
+                    continue
                 item = new_node(self.graph, "call_function", operator.getitem, (source, i), {})
                 item.meta["stack_trace"] = node.meta.get("stack_trace", "")
                 item.meta["rel_info"] = info = value_info(t)

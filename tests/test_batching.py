@@ -690,6 +690,23 @@ def test_a_pytorch_geometric_layer_keeping_its_attention_for_a_loss_runs_with_th
     assert_shuffled_batches_match_eager(model.eval(), graphs)
 
 
+def test_a_transformer_layer_over_each_sample_runs_as_eager():
+    """``nn.TransformerEncoderLayer`` over a sample's rows (its attention returns ``(out, None)``): recorded and
+    traced, it is not grouped (a whole-sequence op), and its samples run with the model, as eager's."""
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, dtype=torch.float64)
+
+        def forward(self, x):
+            return self.layer(x.unsqueeze(1)).mean(0)
+
+    model, samples = Encoder(), [(torch.randn(n, 4, dtype=torch.float64),) for n in (3, 5, 4)]
+    batched = dynamo_relational.batch(model, progress=False)
+    for batch in (samples, samples[::-1]):
+        assert_batches_match_eager(batched, model, batch, through_union=False)
+
+
 def test_graphs_of_one_shape_with_other_edges_are_other_structures():
     """Two graphs of the same sizes whose edges differ never share a trace: each runs with its own edges."""
     model = _EdgeIndexGCN("h[src]")

@@ -260,6 +260,25 @@ def test_ops_returning_several_tensors_record_a_getitem_per_result():
     _assert_recorded_and_replayed(_Linear(_maxima, features=4).double(), rows=5)
 
 
+class _SelfAttention(nn.Module):
+    """``nn.MultiheadAttention`` without its weights: ``multi_head_attention_forward`` returns ``(out, None)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(3, 1, dtype=torch.float64)
+
+    def forward(self, x):
+        out, weights = self.attention(x, x, x, need_weights=False)
+        assert weights is None
+        return out
+
+
+def test_a_function_returning_tensors_and_none_records_a_getitem_per_tensor():
+    """An attention layer's weights it was not asked for are None (as ``nn.TransformerEncoderLayer`` calls it):
+    the call is recorded, not given up on as a result that Python code reads."""
+    _assert_recorded_and_replayed(_SelfAttention(), rows=4)
+
+
 class _Program(nn.Module):
     """A model holding a long program of Python data (tuples of numbers, as the NeuraLogic bridge's steps), a
     plain object reached through a tuple among them, and a list of lists; ``forward`` stores its value in one
