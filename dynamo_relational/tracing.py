@@ -25,7 +25,8 @@ from .progress import NONE as NO_PROGRESS, CompileProgress
 from .recorder import Recording
 from .source_lines import recorded_line
 from .tracer import Tracer, inputs_of, shown_name
-from .untraced_calls import drew_since, generator_states, set_generator_states
+from .untraced_calls import (drew_since, generator_states, library_random_states, set_generator_states,
+                             set_library_random_states)
 
 log = logging.getLogger("dynamo_relational")
 
@@ -60,7 +61,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     refuse_unrecorded_hooks(model)
     names = [n.replace("[", "_").replace("]", "") for n in names]
     progress.start("tracing")
-    generators = generator_states()
+    generators, library_generators = generator_states(), library_random_states()
     attributes = HeldAttributes(model)
     objects = PlainObjects(model)
     before = module_attributes(model)
@@ -82,6 +83,7 @@ def trace(model: nn.Module, inputs: Sequence[torch.Tensor], names: Sequence[str]
     except BaseException:   # (a failed trace changes nothing: a batch may trace the sample again)
         _put_back(changeable)
         set_generator_states(generators)
+        set_library_random_states(library_generators)
         raise
     progress.step()
     graph = tracer.graph

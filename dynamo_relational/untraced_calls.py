@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
 from typing import TYPE_CHECKING, Callable, Iterator
 
+import numpy
 import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
@@ -53,6 +55,17 @@ def set_generator_states(states: list[torch.Tensor]) -> None:
     torch.random.set_rng_state(states[0])
     if len(states) > 1:
         torch.cuda.set_rng_state_all(states[1:])
+
+
+def library_random_states() -> tuple:
+    """The states of Python's and numpy's global generators, which library code may draw from (PyG's negative
+    sampling draws from Python's)."""
+    return random.getstate(), numpy.random.get_state()
+
+
+def set_library_random_states(states: tuple) -> None:
+    random.setstate(states[0])
+    numpy.random.set_state(states[1])
 
 
 def drew_since(states: list[torch.Tensor]) -> bool:
