@@ -584,7 +584,7 @@ class BatchedModule(nn.Module):
                 progress.step()
                 union, stats, ungrouped = _grouped(union, self.options, progress)
                 progress.start("row plan")
-                owners = [_input_owner(graphs, j, kind) for j, kind in enumerate(layout.inputs) if kind != "unread"]
+                owners = [_input_owner(rows) for rows, kind in zip(layout.rows, layout.inputs) if kind != "unread"]
                 try:
                     plan = analyse(union, owners, len(keys))
                 except Refused as e:   # (a node left ungrouped computes one sample's rows: name why)
@@ -625,10 +625,16 @@ class BatchedModule(nn.Module):
         start = time.perf_counter()
         batch = Batch([union.position[k] for k in keys])
         inputs = []
+        packing = union.layout.packing
         for j, layout in enumerate(union.layout.inputs):
-            if layout != "unread":
-                parts = [sample_tensors[j] for sample_tensors in tensors]
-                inputs.append(torch.cat(parts) if layout == "cat" else torch.stack(parts))
+            if layout == "unread":
+                continue
+            if packing is not None:   # (each sample's arguments of the j-th kind, stacked: its rows)
+                inputs.append(torch.stack([sample_tensors[i] for sample_tensors, k in zip(tensors, keys)
+                                           for i in packing[union.position[k]][j]]))
+                continue
+            parts = [sample_tensors[j] for sample_tensors in tensors]
+            inputs.append(torch.cat(parts) if layout == "cat" else torch.stack(parts))
         arguments = union.plan.arguments(batch)
         assembly = time.perf_counter() - start
         outputs = union.run_for(batch)(*inputs, *arguments)
@@ -746,9 +752,9 @@ def _structure_by_value(graph: fx.Graph, tensors: Sequence[torch.Tensor], paths:
         raise _ReadByValue(found)
 
 
-def _input_owner(graphs: Sequence[SampleGraph], j: int, layout: str) -> torch.Tensor:
-    counts = [g.inputs[j].shape[0] if layout == "cat" else 1 for g in graphs]
-    return torch.repeat_interleave(torch.arange(len(graphs)), torch.tensor(counts, dtype=torch.long))
+def _input_owner(rows: Sequence[int]) -> torch.Tensor:
+    """The sample of each row of a union's input, whose samples have ``rows`` rows each."""
+    return torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(rows, dtype=torch.long))
 
 
 _ATOMS = frozenset((int, float, bool, str, bytes, complex, type(None)))

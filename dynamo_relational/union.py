@@ -405,6 +405,11 @@ class Layout:
     inputs: tuple[str, ...]
     #: per output position: ``"cat"`` or ``"stack"``
     outputs: tuple[str, ...]
+    #: per input position, each sample's rows of the union's input
+    rows: tuple[tuple[int, ...], ...] = ()
+    #: where the samples' tensor arguments were packed by kind (:func:`_packed`): per sample, per input
+    #: position, the arguments whose stack is its part of that input; None where each position is an argument
+    packing: tuple[tuple[tuple[int, ...], ...], ...] | None = None
 
 
 def input_layout(shapes: Sequence[tuple[int, ...]], position: int, read_whole: bool = False, read: bool = True
@@ -430,17 +435,17 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
           progress: CompileProgress = NO_PROGRESS) -> tuple[fx.GraphModule, Layout]:
     """The union of ``samples`` (in order) as one ungrouped graph over the model's ``params``; ``progress``
     shows how many are in."""
-    arity = {len(s.inputs) for s in samples}
-    if len({str(s.out_spec) for s in samples}) > 1 or len(arity) > 1:
-        raise NotBatchable("samples return differently structured results or take different tensor arguments")
-    inputs_layout = tuple(input_layout([s.inputs[j].shape for s in samples], j, any(s.read_whole[j] for s in samples),
-                                       any(s.read[j] for s in samples))
-                          for j in range(arity.pop()))
-    for j in range(len(inputs_layout)):
-        kinds = {(s.inputs[j].dtype, s.inputs[j].device) for s in samples}
-        if len(kinds) > 1 and inputs_layout[j] != "unread":
-            raise NotBatchable(f"tensor argument {j} has several dtypes or devices across samples: "
-                               f"{sorted(map(str, kinds))[:3]}")
+    if len({str(s.out_spec) for s in samples}) > 1:
+        raise NotBatchable("samples return differently structured results")
+    packing = None
+    try:
+        inputs_layout = _input_layouts(samples)
+    except NotBatchable as by_position:
+        try:
+            samples, packing = _packed(samples)
+            inputs_layout = _input_layouts(samples)
+        except NotBatchable:
+            raise by_position from None
     graph = fx.Graph()
     shared = _Shared(params)
     union_inputs: list[fx.Node | None] = []
@@ -457,8 +462,9 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
             shared.row_class[node] = ProgramRows(tuple(range(len(samples))),
                                                  tuple(s.inputs[j].shape[0] for s in samples))
         union_inputs.append(node)
-    ends = [numpy.cumsum([s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples]).tolist()
-            for j, layout in enumerate(inputs_layout)]
+    sample_rows = tuple(tuple(s.inputs[j].shape[0] if layout == "cat" else 1 for s in samples)
+                        for j, layout in enumerate(inputs_layout))
+    ends = [numpy.cumsum(counts).tolist() for counts in sample_rows]
     collated, unneeded = _collated(graph, samples, shared, [x if layout == "cat" else None for x, layout in
                                                             zip(union_inputs, inputs_layout)], ends)
     leaves: list[list[fx.Node]] = []
@@ -488,7 +494,67 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
         if not erased:   # (the rest is read by other nodes)
             break
     # lazy: Python code for the ungrouped union is never needed
-    return _LazyGraphModule(shared.attrs, graph), Layout(inputs_layout, tuple(outputs_layout))
+    return _LazyGraphModule(shared.attrs, graph), Layout(inputs_layout, tuple(outputs_layout), sample_rows, packing)
+
+
+def _input_layouts(samples: Sequence[SampleGraph]) -> tuple[str, ...]:
+    """How the samples' tensor arguments at each position join (:func:`input_layout`)."""
+    arity = {len(s.inputs) for s in samples}
+    if len(arity) > 1:
+        raise NotBatchable(f"samples take different numbers of tensor arguments ({min(arity)} to {max(arity)})")
+    layouts = tuple(input_layout([s.inputs[j].shape for s in samples], j, any(s.read_whole[j] for s in samples),
+                                 any(s.read[j] for s in samples))
+                    for j in range(arity.pop()))
+    for j in range(len(layouts)):
+        kinds = {(s.inputs[j].dtype, s.inputs[j].device) for s in samples}
+        if len(kinds) > 1 and layouts[j] != "unread":
+            raise NotBatchable(f"tensor argument {j} has several dtypes or devices across samples: "
+                               f"{sorted(map(str, kinds))[:3]}")
+    return layouts
+
+
+def _packed(samples: Sequence[SampleGraph]) -> tuple[list[SampleGraph], tuple[tuple[tuple[int, ...], ...], ...]]:
+    """The samples with their tensor arguments of each kind (shape, dtype, device) packed into one argument, their
+    stack, whose rows are read where they were; and per sample, the arguments of each kind in order. A tree
+    whose nodes hold their own vectors takes one tensor argument per node: by kind, the samples' arguments join
+    as rows, as a feature matrix's do. :class:`NotBatchable` where a sample lacks a kind, or collates."""
+    def kind(info: TensorInfo) -> tuple:
+        return info.shape, str(info.dtype), str(info.device)
+
+    kinds = sorted({kind(info) for s in samples for info in s.inputs})
+    packing = []
+    for s in samples:
+        members = tuple(tuple(j for j, info in enumerate(s.inputs) if kind(info) == k) for k in kinds)
+        if not all(members) or s.program is not None:
+            raise NotBatchable("samples take tensor arguments of other kinds")
+        packing.append(members)
+    return [_pack(s, members) for s, members in zip(samples, packing)], tuple(packing)
+
+
+def _pack(sample: SampleGraph, members: tuple[tuple[int, ...], ...]) -> SampleGraph:
+    """``sample`` taking the stack of each of ``members`` as one argument, of which each member is a row."""
+    packed = len(members)
+    placeholders = [i for i, record in enumerate(sample.records) if record[0] == "placeholder"]
+    row_of = {placeholders[j]: (k, row) for k, js in enumerate(members) for row, j in enumerate(js)}
+    records: list[tuple] = []
+    for k, js in enumerate(members):
+        info = sample.inputs[js[0]]
+        stacked = TensorInfo((len(js), *info.shape), info.dtype, info.device)
+        records.append(("placeholder", f"packed{k}", (), _NO_KWARGS, f"packed{k}", (("rel_info", stacked),)))
+
+    def moved(tree: Any) -> Any:
+        return fx.node.map_aggregate(tree, lambda a: _Slot(a + packed) if type(a) is _Slot else a)
+
+    for i, (op, target, args, kwargs, name, meta) in enumerate(sample.records):
+        if op == "placeholder":
+            k, row = row_of[i]
+            records.append(("call_function", operator.getitem, (_Slot(k), row), _NO_KWARGS, name, meta))
+        else:
+            records.append((op, target, moved(args), moved(kwargs) if kwargs else _NO_KWARGS, name, meta))
+    inputs = tuple(dict(records[k][5])["rel_info"] for k in range(packed))
+    read, read_whole = _argument_reads(records)
+    return SampleGraph(tuple(records), sample.attrs, sample.out_spec, sample.constants, inputs,
+                       sample.output_shapes, read_whole, read)
 
 
 def _collated(graph: fx.Graph, samples: Sequence[SampleGraph], shared: "_Shared", inputs: list[fx.Node | None],

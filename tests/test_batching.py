@@ -17,6 +17,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from torch import nn
+from torch.utils import _pytree as pytree
 
 import dynamo_relational
 from dynamo_relational import tracing_patches
@@ -677,13 +678,17 @@ def test_a_pytorch_geometric_layer_keeping_its_attention_for_a_loss_runs_with_th
         def forward(self, x, edge_index):
             return torch.relu(self.conv(x, edge_index)).mean(0)
 
+    def seeded():   # (PyG draws negative edges from Python's generator)
+        torch.manual_seed(0)
+        random.seed(0)
+
     model, graphs = OneGraph().double(), _edge_list_graphs("h[src]")
     batched = dynamo_relational.batch(model, progress=False)
     for batch in (graphs, graphs[::-1]):
-        torch.manual_seed(0)
+        seeded()
         got = batched(batch)
         loss = model.conv.get_attention_loss()
-        torch.manual_seed(0)
+        seeded()
         torch.testing.assert_close(got, [model(*sample) for sample in batch], rtol=0, atol=0)
         torch.testing.assert_close(loss, model.conv.get_attention_loss(), rtol=0, atol=0)
     assert batched.report.unbatched == 2 and "would not store" in batched.report.unbatched_reason, batched.report
@@ -1522,6 +1527,96 @@ def test_a_rows_parts_joined_along_its_dimension_are_restricted_to_a_batch(acros
     merged in blocks by a reshape: each block is one node's, so the samples' rows stay theirs; a reshape that
     merges rows of several nodes into rows of another size (``across``) runs the samples one by one."""
     assert_rows_batch_as_eager(_RowParts(across), width=4, through_union=not across)
+
+
+class _VectorNode:
+    """A tree node holding its own word vector, as per-node code often builds its trees."""
+
+    def __init__(self, vec: torch.Tensor, children: list):
+        self.vec, self.children = vec, children
+
+
+def _vector_tree(children: list[list[int]], x: torch.Tensor, v: int = 0) -> _VectorNode:
+    return _VectorNode(x[v].clone().requires_grad_(), [_vector_tree(children, x, c) for c in children[v]])
+
+
+class _VectorTreeRNN(nn.Module):
+    """A recursive net over :class:`_VectorNode` trees: a tensor argument per node."""
+
+    def __init__(self):
+        super().__init__()
+        self.W, self.U = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, bias=False, dtype=torch.float64)
+
+    def forward(self, root):
+        def state(node):
+            own = self.W(node.vec)
+            return torch.tanh(own + sum(self.U(state(c)) for c in node.children)) if node.children else own
+        return state(root)
+
+
+class _NodeDictGNN(nn.Module):
+    """Message passing over a dict of in-neighbour lists keyed by node names, each node's features and 0-d
+    weight given as dicts of tensors (two kinds of tensor arguments); returns a dict of results."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.out = nn.Linear(3, 3, dtype=torch.float64), nn.Linear(3, 2, dtype=torch.float64)
+
+    def forward(self, in_nbrs, features, weights):
+        h = {v: torch.relu(self.lin(features[v])) * weights[v] for v in in_nbrs}
+        h = {v: torch.relu(self.lin(h[v] + sum(h[u] for u in in_nbrs[v]))) for v in in_nbrs}
+        return {"graph": self.out(torch.stack(list(h.values())).sum(0)), "nodes": torch.stack([h[v] for v in in_nbrs])}
+
+
+def test_samples_holding_a_tensor_per_node_batch_as_rows_of_their_kind():
+    """Trees whose nodes hold their own vectors, and graphs whose features are dicts of per-node tensors, take
+    as many tensor arguments as they have nodes: packed by kind (shape, dtype, device), each kind's tensors of
+    all samples are rows of one input of the union, as a feature matrix's rows are; gradients reach each."""
+    torch.manual_seed(0)
+    trees = [(_vector_tree(children, x),) for children, x in dataset("treernn", 8, features=3, dtype=torch.float64)]
+    generator = torch.Generator().manual_seed(0)
+    graphs = []
+    for n in (3, 5, 2, 4, 3, 6):
+        names = [f"atom{v}" for v in range(n)]
+        graphs.append(({v: [names[(i + 1) % n]] for i, v in enumerate(names)},
+                       {v: torch.randn(3, dtype=torch.float64, generator=generator).requires_grad_() for v in names},
+                       {v: torch.rand((), dtype=torch.float64, generator=generator).requires_grad_() for v in names}))
+    for model, samples in ((_VectorTreeRNN(), trees), (_NodeDictGNN(), graphs)):
+        batched = assert_shuffled_batches_match_eager(model, samples)
+        assert batched.report.groupings == 1, batched.report
+        leaves = [t for sample in samples for t in _tensors_in(sample)]
+        got, want = batched(samples), [model(*sample) for sample in samples]
+        weights = [torch.randn_like(w) for w in pytree.tree_leaves(want)]
+        for results in (got, want):
+            loss = sum((r * w).sum() for r, w in zip(pytree.tree_leaves(results), weights))
+            grads = torch.autograd.grad(loss, leaves)
+            if results is got:
+                first = grads
+        for g, w in zip(first, grads):
+            torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
+
+
+def _tensors_in(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, _VectorNode):
+        return [value.vec] + _tensors_in(value.children)
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return [t for item in items for t in _tensors_in(item)]
+
+
+def test_samples_lacking_a_kind_of_tensor_argument_run_one_by_one():
+    """A sample without a tensor of one kind (a tree of one node has no children's weights) joins no packing:
+    the batch runs its samples one by one, saying why."""
+    class Weighted(nn.Module):
+        def forward(self, vecs, edge_weights):
+            return sum(vecs) * (1 + sum(edge_weights))
+
+    samples = [([torch.randn(2) for _ in range(n)], [torch.rand(()) for _ in range(n - 1)]) for n in (3, 1, 2)]
+    batched = dynamo_relational.batch(Weighted(), progress=False)
+    batched(samples)
+    batched(samples)
+    assert batched.report.unbatched == 1 and "different numbers of tensor arguments" in batched.report.unbatched_reason
 
 
 def test_tree_objects_whose_nodes_hold_their_states_batch_as_eager():
