@@ -404,6 +404,31 @@ def typed_graphs() -> list[tuple]:
     return graphs
 
 
+class VectorNode:
+    """A tree node holding its own word vector, as per-node code often builds its trees."""
+
+    def __init__(self, vec: torch.Tensor, children: list):
+        self.vec, self.children = vec, children
+
+
+def vector_tree(children: list[list[int]], x: torch.Tensor, v: int = 0) -> VectorNode:
+    return VectorNode(x[v].clone().requires_grad_(), [vector_tree(children, x, c) for c in children[v]])
+
+
+class VectorTreeRNN(nn.Module):
+    """A recursive net over :class:`VectorNode` trees: a tensor argument per node."""
+
+    def __init__(self):
+        super().__init__()
+        self.W, self.U = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, bias=False, dtype=torch.float64)
+
+    def forward(self, root):
+        def state(node):
+            own = self.W(node.vec)
+            return torch.tanh(own + sum(self.U(state(c)) for c in node.children)) if node.children else own
+        return state(root)
+
+
 class Comparisons(nn.Module):
     """Comparison operators on traced values as masks (``h == b``, ``h > 0``): tensor methods named ``__eq__``
     ... ``__ge__``, like attributes every Python object has."""

@@ -25,7 +25,7 @@ from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MODELS, ObjectChildSumTreeLSTM, TreeLSTM, TreeRNN, dataset, object_tree
 from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager,
                            assert_shuffled_batches_match_eager, traced_per_sample, typed_graphs, TypedGRUMessages,
-                           warnings_logged)
+                           VectorNode, VectorTreeRNN, vector_tree, warnings_logged)
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
@@ -1529,31 +1529,6 @@ def test_a_rows_parts_joined_along_its_dimension_are_restricted_to_a_batch(acros
     assert_rows_batch_as_eager(_RowParts(across), width=4, through_union=not across)
 
 
-class _VectorNode:
-    """A tree node holding its own word vector, as per-node code often builds its trees."""
-
-    def __init__(self, vec: torch.Tensor, children: list):
-        self.vec, self.children = vec, children
-
-
-def _vector_tree(children: list[list[int]], x: torch.Tensor, v: int = 0) -> _VectorNode:
-    return _VectorNode(x[v].clone().requires_grad_(), [_vector_tree(children, x, c) for c in children[v]])
-
-
-class _VectorTreeRNN(nn.Module):
-    """A recursive net over :class:`_VectorNode` trees: a tensor argument per node."""
-
-    def __init__(self):
-        super().__init__()
-        self.W, self.U = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, bias=False, dtype=torch.float64)
-
-    def forward(self, root):
-        def state(node):
-            own = self.W(node.vec)
-            return torch.tanh(own + sum(self.U(state(c)) for c in node.children)) if node.children else own
-        return state(root)
-
-
 class _NodeDictGNN(nn.Module):
     """Message passing over a dict of in-neighbour lists keyed by node names, each node's features and 0-d
     weight given as dicts of tensors (two kinds of tensor arguments); returns a dict of results."""
@@ -1573,7 +1548,7 @@ def test_samples_holding_a_tensor_per_node_batch_as_rows_of_their_kind():
     as many tensor arguments as they have nodes: packed by kind (shape, dtype, device), each kind's tensors of
     all samples are rows of one input of the union, as a feature matrix's rows are; gradients reach each."""
     torch.manual_seed(0)
-    trees = [(_vector_tree(children, x),) for children, x in dataset("treernn", 8, features=3, dtype=torch.float64)]
+    trees = [(vector_tree(children, x),) for children, x in dataset("treernn", 8, features=3, dtype=torch.float64)]
     generator = torch.Generator().manual_seed(0)
     graphs = []
     for n in (3, 5, 2, 4, 3, 6):
@@ -1581,7 +1556,7 @@ def test_samples_holding_a_tensor_per_node_batch_as_rows_of_their_kind():
         graphs.append(({v: [names[(i + 1) % n]] for i, v in enumerate(names)},
                        {v: torch.randn(3, dtype=torch.float64, generator=generator).requires_grad_() for v in names},
                        {v: torch.rand((), dtype=torch.float64, generator=generator).requires_grad_() for v in names}))
-    for model, samples in ((_VectorTreeRNN(), trees), (_NodeDictGNN(), graphs)):
+    for model, samples in ((VectorTreeRNN(), trees), (_NodeDictGNN(), graphs)):
         batched = assert_shuffled_batches_match_eager(model, samples)
         assert batched.report.groupings == 1, batched.report
         leaves = [t for sample in samples for t in _tensors_in(sample)]
@@ -1599,7 +1574,7 @@ def test_samples_holding_a_tensor_per_node_batch_as_rows_of_their_kind():
 def _tensors_in(value) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
-    if isinstance(value, _VectorNode):
+    if isinstance(value, VectorNode):
         return [value.vec] + _tensors_in(value.children)
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
     return [t for item in items for t in _tensors_in(item)]

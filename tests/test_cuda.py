@@ -27,8 +27,8 @@ from tests.helpers import (BUILDERS, ELEMENTWISE_ROWS, ELEMENTWISE_WIDTH, LAYOUT
                            STATISTICS_NEIGHBORS, TOLERANCE, Layouts, PerNeuronScalars, Pooling, Statistics,
                            assert_batches_match_eager, assert_compiled_matches_eager,
                            assert_shuffled_batches_match_eager,
-                           TypedGRUMessages, ZeroStartedSums, assert_fast_compile_matches_eager, compressed_rows,
-                           fact_gcn, typed_graphs)
+                           TypedGRUMessages, VectorTreeRNN, ZeroStartedSums, assert_fast_compile_matches_eager,
+                           compressed_rows, fact_gcn, typed_graphs, vector_tree)
 
 # (the package exports the op under the module's name)
 gather_reduce_module = importlib.import_module("dynamo_relational.kernels.gather_reduce")
@@ -308,15 +308,20 @@ def _per_node_code(name: str) -> tuple[torch.nn.Module, list[tuple]]:
         return ZeroStartedSums(), [(x,) for x in rows]
     if name == "unread edge index":
         return _UnreadEdges(), [(x, torch.randint(0, len(x), (2, len(x) + 1), generator=generator)) for x in rows]
+    if name == "nodes holding vectors":   # (a tensor argument per node: packed by kind)
+        return VectorTreeRNN(), [(vector_tree(children, x.cuda()),)
+                                 for children, x in dataset("treernn", 8, features=3, dtype=torch.float64)]
     trees = [(object_tree(children), x) for children, x in dataset("childsum", 8, features=4, dtype=torch.float64)]
     return ObjectChildSumTreeLSTM(4, hidden=3).double(), trees
 
 
 @needs_cuda
-@pytest.mark.parametrize("name", ["typed GRU messages", "sums from zeros_like", "unread edge index", "node objects"])
+@pytest.mark.parametrize("name", ["typed GRU messages", "sums from zeros_like", "unread edge index", "node objects",
+                                  "nodes holding vectors"])
 def test_per_node_code_batches_on_cuda(name):
     """Per-node code as public repositories write it, batched on the GPU: sums started from zeros feeding a GRU
-    cell, ``zeros_like`` factories, an argument no sample reads, and trees of node objects run on copies."""
+    cell, ``zeros_like`` factories, an argument no sample reads, trees of node objects run on copies, and trees
+    whose nodes hold their own vectors."""
     torch.manual_seed(0)
     model, samples = _per_node_code(name)
     samples = [tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in sample) for sample in samples]
