@@ -22,6 +22,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 from torch.fx import _symbolic_trace as fx_trace
+from torch.utils import _pytree as pytree
 
 from .errors import FrontendError
 from .untraced_calls import refusing_own_generators
@@ -160,6 +161,10 @@ def _refusing_traced_attributes() -> Iterator[None]:
         if tracer is not None and has_proxy((value,), {}):
             if _updated_in_place(tracer, module, name, value):
                 return   # ``self.steps += 1`` on a buffer: the recorded ``iadd`` wrote it; eager stores it again
+            own = _as_own_tensors(tracer, value)
+            if own is not None:   # (nn.LSTM caching its weights, whose proxies are not the tensors it cached)
+                original(module, name, own)
+                return
             raise FrontendError(
                 f"{type(module).__name__}.{name} is assigned a traced tensor at {tracer.user_line()}"
                 "\ndynamo_relational.compile records tensor ops, not assignments to the model's attributes "
@@ -172,6 +177,34 @@ def _refusing_traced_attributes() -> Iterator[None]:
         yield
     finally:
         nn.Module.__setattr__ = original   # type: ignore[method-assign]
+
+
+def _as_own_tensors(tracer: Tracer, value: Any) -> Any:
+    """``value`` with each proxy in it replaced by the model's parameter or buffer that it reads as it is, or
+    None if a proxy in it is some other traced value. A module that caches its own parameters (``nn.LSTM``'s
+    ``_flat_weights``, rebuilt when they are not the tensors it cached) then stores what eager's call would."""
+    leaves, spec = pytree.tree_flatten(value)
+    own = []
+    for leaf in leaves:
+        if isinstance(leaf, fx.Proxy):
+            leaf = _model_tensor(tracer.root, leaf.node)
+            if leaf is None:
+                return None
+        own.append(leaf)
+    return pytree.tree_unflatten(own, spec)
+
+
+def _model_tensor(root: nn.Module, node: fx.Node) -> torch.Tensor | None:
+    """The parameter or buffer of ``root`` that ``node`` reads, if it is a ``get_attr`` of one."""
+    if node.op != "get_attr":
+        return None
+    *path, name = str(node.target).split(".")
+    module: nn.Module | None = root
+    for step in path:   # (through the modules' own tables: attribute reads would give proxies)
+        module = module._modules.get(step) if module is not None else None
+    if module is None:
+        return None
+    return module._parameters.get(name, module._buffers.get(name))
 
 
 def _updated_in_place(tracer: Tracer, module: nn.Module, name: str, value: Any) -> bool:

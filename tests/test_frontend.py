@@ -154,13 +154,31 @@ def test_structure_from_numpy_arrays_traces_like_python_numbers():
     assert compiled.report.nodes_after < compiled.report.nodes_before
 
 
+class _Recurrent(nn.Module):
+    """A recurrent layer over the sequence, then a readout of its last state."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer, self.readout = layer, nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.readout(self.layer(x)[0][:, -1])
+
+
 @pytest.mark.parametrize("model", [
     nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 3)),
     nn.TransformerEncoderLayer(6, 2, 16, dropout=0.0, batch_first=True).eval(),
-], ids=["mlp", "transformer"])
+    _Recurrent(nn.LSTM(6, 5, batch_first=True)),
+    _Recurrent(nn.GRU(6, 5, num_layers=2, batch_first=True)),
+], ids=["mlp", "transformer", "lstm", "gru"])
 def test_standard_modules_trace_through(model):
+    """Recurrent layers cache their weights (``_flat_weights``, rebuilt where they are not the tensors cached:
+    while tracing, the weights' proxies): stored as the weights themselves, as eager's call keeps them."""
     torch.manual_seed(0)
     assert_fast_compile_matches_eager(model, torch.randn(2, 4, 6), inductor=False)
+    for layer in model.modules():
+        if isinstance(layer, nn.RNNBase):
+            assert all(w is getattr(layer, n) for w, n in zip(layer._flat_weights, layer._flat_weights_names))
 
 
 class DataDependent(nn.Module):
