@@ -47,7 +47,7 @@ and 3 children never share a group. This pass rewrites
   stacked parts and a target row per part (its mean: the sum over the parts' elements);
 * ``S[j]`` of a stacked ragged value into its part ``j``;
 * ``rows @ a`` by a shared vector, and the layout ops within rows: ``x.unsqueeze(d)``,
-  ``x[:, None]`` and ``cat([x, T.expand(k, ...)], d)`` (d > 0; a copy of one
+  ``x.squeeze(d)``, ``x[:, None]`` and ``cat([x, T.expand(k, ...)], d)`` (d > 0; a copy of one
   part read as that part; for one-row parts, a value with a row per part read as
   its row j, as above) likewise into the op on each part.
 
@@ -309,7 +309,8 @@ def _row_wise(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
 
 def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None:
     """The ragged value ``node`` makes, if it changes the layout within the rows of a ragged value:
-    ``x.unsqueeze(d)`` and ``x[:, None]`` (``d`` > 0), ``x[:, 0]`` (constant indices within each row), or
+    ``x.unsqueeze(d)``, ``x.squeeze(d)`` of a dim of size 1 and ``x[:, None]`` (``d`` > 0; a node's scores
+    ``att(K).squeeze(-1)``), ``x[:, 0]`` (constant indices within each row), or
     ``cat([x, ...], d)`` of ragged values of one layout and of copies of one part along the rows
     (``T.expand(k, ...)``: each part reads ``T``)."""
     info = tensor_info(node)
@@ -320,6 +321,12 @@ def _row_layout(node: fx.Node, ragged: dict[fx.Node, _Ragged]) -> _Ragged | None
         if x not in ragged or type(where) is not int or where % info.rank == 0:
             return None
         call = (node.op, target, (x, where % info.rank - 1))
+    elif target == "squeeze" or target is torch.squeeze:
+        x_info = tensor_info(x) if isinstance(x, fx.Node) else None
+        if x not in ragged or type(where) is not int or x_info is None or where % x_info.rank == 0 \
+                or x_info.shape[where] != 1:
+            return None
+        call = (node.op, target, (x, where % x_info.rank - 1))
     elif target is operator.getitem:
         if x not in ragged or type(where) is not tuple or not where or where[0] != slice(None):
             return None

@@ -207,7 +207,7 @@ class NeighbourAttention(nn.Module):
     linear layer's output), joined with ``torch.cat``; ``"pairs"``, the pairs of states stacked and scored by one
     product; ``"unsqueeze"`` and ``"new axis"``, the neighbours' states stacked, each paired with the node's own
     (``expand``, ``cat`` along dim 1), the weights applied to the stack as ``alpha.unsqueeze(1)`` or
-    ``alpha[:, None]``. Then a softmax over them, each neighbour's state weighted by its part. Node ``v`` has
+    ``alpha[:, None]``; ``"squeezed"``, scored by a one-column product, ``.squeeze(-1)``. Then a softmax over them, each neighbour's state weighted by its part. Node ``v`` has
     ``degree(v)`` neighbours."""
 
     def __init__(self, degree, style: str = "scores", log: bool = False):
@@ -228,11 +228,15 @@ class NeighbourAttention(nn.Module):
                 scores = torch.cat([F.leaky_relu(self.a[None] @ torch.cat([h[v], h[u]]), 0.2) for u in nbrs])
             elif self.style == "pairs":
                 scores = F.leaky_relu(torch.stack([torch.cat([h[v], h[u]]) for u in nbrs]) @ self.a, 0.2)
+            elif self.style == "squeezed":
+                states = torch.stack([h[u] for u in nbrs])
+                scores = F.leaky_relu(torch.cat([h[v].expand(len(nbrs), -1), states], 1) @ self.a[:, None], 0.2)
+                scores = scores.squeeze(-1)
             else:
                 states = torch.stack([h[u] for u in nbrs])
                 scores = F.leaky_relu(torch.cat([h[v].expand(len(nbrs), -1), states], 1) @ self.a, 0.2)
             alpha = torch.log_softmax(scores, 0).exp() if self.log else torch.softmax(scores, dim=0)
-            if self.style == "unsqueeze":
+            if self.style in ("unsqueeze", "squeezed"):
                 out.append(torch.relu((alpha.unsqueeze(1) * states).sum(0)))
             elif self.style == "new axis":
                 out.append(torch.relu((alpha[:, None] * states).sum(0)))
@@ -241,7 +245,7 @@ class NeighbourAttention(nn.Module):
         return torch.stack(out)
 
 
-STYLES = ["scores", "joined scores", "pairs", "unsqueeze", "new axis"]
+STYLES = ["scores", "joined scores", "pairs", "unsqueeze", "new axis", "squeezed"]
 
 
 @pytest.mark.parametrize("style, log", [*((style, False) for style in STYLES), ("scores", True)])
