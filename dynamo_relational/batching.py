@@ -643,9 +643,13 @@ class BatchedModule(nn.Module):
         if union.single_tensor:
             return list(per_output[0]), assembly
         results = []
+        packed = union.layout.results_packing
         for b, k in enumerate(keys):
             graph = self._graph(k)
-            leaves = [part[b] for part in per_output]
+            if packed is None:
+                leaves = [part[b] for part in per_output]
+            else:   # (each tensor of the sample's result: a row of its part of an output)
+                leaves = [per_output[j][b][row] for j, row in packed[union.position[k]]]
             for position, value in graph.constants.items():
                 leaves.insert(position, value)
             results.append(leaves[0] if graph.out_spec.is_leaf() else pytree.tree_unflatten(leaves, graph.out_spec))

@@ -28,7 +28,7 @@ another, so grouping the union computes each sample as its own graph would.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable, Sequence, cast
 
 import numpy
@@ -410,6 +410,10 @@ class Layout:
     #: where the samples' tensor arguments were packed by kind (:func:`_packed`): per sample, per input
     #: position, the arguments whose stack is its part of that input; None where each position is an argument
     packing: tuple[tuple[tuple[int, ...], ...], ...] | None = None
+    #: where the samples' results were packed by kind (:func:`_packed_results`): per sample, for each tensor of
+    #: its result in order, the output position and the row of its part there; None where each output
+    #: position is a tensor of every sample's result
+    results_packing: tuple[tuple[tuple[int, int], ...], ...] | None = None
 
 
 def input_layout(shapes: Sequence[tuple[int, ...]], position: int, read_whole: bool = False, read: bool = True
@@ -435,8 +439,9 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
           progress: CompileProgress = NO_PROGRESS) -> tuple[fx.GraphModule, Layout]:
     """The union of ``samples`` (in order) as one ungrouped graph over the model's ``params``; ``progress``
     shows how many are in."""
+    results_packing = None
     if len({str(s.out_spec) for s in samples}) > 1:
-        raise NotBatchable("samples return differently structured results")
+        samples, results_packing = _packed_results(samples)
     packing = None
     try:
         inputs_layout = _input_layouts(samples)
@@ -494,7 +499,8 @@ def build(samples: Sequence[SampleGraph], params: dict[str, torch.Tensor],
         if not erased:   # (the rest is read by other nodes)
             break
     # lazy: Python code for the ungrouped union is never needed
-    return _LazyGraphModule(shared.attrs, graph), Layout(inputs_layout, tuple(outputs_layout), sample_rows, packing)
+    return _LazyGraphModule(shared.attrs, graph), Layout(inputs_layout, tuple(outputs_layout), sample_rows, packing,
+                                                         results_packing)
 
 
 def _input_layouts(samples: Sequence[SampleGraph]) -> tuple[str, ...]:
@@ -513,18 +519,64 @@ def _input_layouts(samples: Sequence[SampleGraph]) -> tuple[str, ...]:
     return layouts
 
 
+def _kind(info: TensorInfo) -> tuple:
+    return info.shape, str(info.dtype), str(info.device)
+
+
+def _packed_results(samples: Sequence[SampleGraph]
+                    ) -> tuple[list[SampleGraph], tuple[tuple[tuple[int, int], ...], ...]]:
+    """The samples returning, for each kind (shape, dtype, device) of tensor in their results, the stack of
+    theirs; and per sample, the output position and row of each tensor of its result. Per-node code that returns
+    a list of every node's state returns as many tensors as the sample has nodes: by kind, they join as rows.
+    :class:`NotBatchable` where a sample lacks a kind, or returns something else than tensors and constants."""
+    leaf_kinds = []
+    for s in samples:
+        infos = [record_info(s.records[leaf]) for leaf in s.records[-1][2][0]]
+        if None in infos:
+            raise NotBatchable("samples return differently structured results")
+        leaf_kinds.append([_kind(cast(TensorInfo, info)) for info in infos])
+    kinds = sorted({kind for sample_kinds in leaf_kinds for kind in sample_kinds})
+    packed, places = [], []
+    for s, sample_kinds in zip(samples, leaf_kinds):
+        members: list[list[int]] = [[] for _ in kinds]
+        where = []
+        for leaf, kind in enumerate(sample_kinds):
+            k = kinds.index(kind)
+            where.append((k, len(members[k])))
+            members[k].append(leaf)
+        if not all(members):
+            raise NotBatchable("samples return differently structured results (tensors of other kinds)")
+        packed.append(_pack_results(s, members))
+        places.append(tuple(where))
+    return packed, tuple(places)
+
+
+def _pack_results(sample: SampleGraph, members: list[list[int]]) -> SampleGraph:
+    """``sample`` returning the stack of each of ``members`` (positions among its result's tensors)."""
+    *body, output = sample.records
+    leaves = output[2][0]
+    records = list(body)
+    stacks = []
+    for k, positions in enumerate(members):
+        info = cast(TensorInfo, record_info(sample.records[leaves[positions[0]]]))
+        stacked = TensorInfo((len(positions), *info.shape), info.dtype, info.device)
+        records.append(("call_function", torch.stack, (tuple(leaves[p] for p in positions),), _NO_KWARGS,
+                        f"results{k}", (("rel_info", stacked),)))
+        stacks.append(_Slot(len(records) - 1))
+    records.append(("output", "output", (tuple(stacks),), _NO_KWARGS, output[4], output[5]))
+    return replace(sample, records=tuple(records),
+                               output_shapes=tuple(cast(TensorInfo, record_info(records[s])).shape for s in stacks))
+
+
 def _packed(samples: Sequence[SampleGraph]) -> tuple[list[SampleGraph], tuple[tuple[tuple[int, ...], ...], ...]]:
     """The samples with their tensor arguments of each kind (shape, dtype, device) packed into one argument, their
     stack, whose rows are read where they were; and per sample, the arguments of each kind in order. A tree
     whose nodes hold their own vectors takes one tensor argument per node: by kind, the samples' arguments join
     as rows, as a feature matrix's do. :class:`NotBatchable` where a sample lacks a kind, or collates."""
-    def kind(info: TensorInfo) -> tuple:
-        return info.shape, str(info.dtype), str(info.device)
-
-    kinds = sorted({kind(info) for s in samples for info in s.inputs})
+    kinds = sorted({_kind(info) for s in samples for info in s.inputs})
     packing = []
     for s in samples:
-        members = tuple(tuple(j for j, info in enumerate(s.inputs) if kind(info) == k) for k in kinds)
+        members = tuple(tuple(j for j, info in enumerate(s.inputs) if _kind(info) == k) for k in kinds)
         if not all(members) or s.program is not None:
             raise NotBatchable("samples take tensor arguments of other kinds")
         packing.append(members)
@@ -553,8 +605,7 @@ def _pack(sample: SampleGraph, members: tuple[tuple[int, ...], ...]) -> SampleGr
             records.append((op, target, moved(args), moved(kwargs) if kwargs else _NO_KWARGS, name, meta))
     inputs = tuple(dict(records[k][5])["rel_info"] for k in range(packed))
     read, read_whole = _argument_reads(records)
-    return SampleGraph(tuple(records), sample.attrs, sample.out_spec, sample.constants, inputs,
-                       sample.output_shapes, read_whole, read)
+    return replace(sample, records=tuple(records), inputs=inputs, read_whole=read_whole, read=read)
 
 
 def _collated(graph: fx.Graph, samples: Sequence[SampleGraph], shared: "_Shared", inputs: list[fx.Node | None],
