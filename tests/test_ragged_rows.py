@@ -207,8 +207,8 @@ class NeighbourAttention(nn.Module):
     linear layer's output), joined with ``torch.cat``; ``"pairs"``, the pairs of states stacked and scored by one
     product; ``"unsqueeze"`` and ``"new axis"``, the neighbours' states stacked, each paired with the node's own
     (``expand``, ``cat`` along dim 1), the weights applied to the stack as ``alpha.unsqueeze(1)`` or
-    ``alpha[:, None]``; ``"squeezed"``, scored by a one-column product, ``.squeeze(-1)``. Then a softmax over them, each neighbour's state weighted by its part. Node ``v`` has
-    ``degree(v)`` neighbours."""
+    ``alpha[:, None]``; ``"squeezed"``, scored by a one-column product, ``.squeeze(-1)``. Then a softmax over
+    them, each neighbour's state weighted by its part. Node ``v`` has ``degree(v)`` neighbours."""
 
     def __init__(self, degree, style: str = "scores", log: bool = False):
         super().__init__()
