@@ -429,6 +429,21 @@ class VectorTreeRNN(nn.Module):
         return state(root)
 
 
+class EveryNodesState(nn.Module):
+    """A TreeRNN returning a loss and the list of every node's state: as many tensors as the tree has nodes."""
+
+    def __init__(self):
+        super().__init__()
+        self.W, self.U = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, bias=False, dtype=torch.float64)
+
+    def forward(self, children, x):
+        h = [None] * len(children)
+        for v in reversed(range(len(children))):
+            own = self.W(x[v])
+            h[v] = torch.tanh(own + sum(self.U(h[c]) for c in children[v])) if children[v] else own
+        return torch.stack(h).square().mean(), h
+
+
 class Comparisons(nn.Module):
     """Comparison operators on traced values as masks (``h == b``, ``h > 0``): tensor methods named ``__eq__``
     ... ``__ge__``, like attributes every Python object has."""

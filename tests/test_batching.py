@@ -25,7 +25,7 @@ from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MODELS, ObjectChildSumTreeLSTM, TreeLSTM, TreeRNN, dataset, object_tree
 from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager,
                            assert_shuffled_batches_match_eager, traced_per_sample, typed_graphs, TypedGRUMessages,
-                           VectorNode, VectorTreeRNN, vector_tree, warnings_logged)
+                           EveryNodesState, VectorNode, VectorTreeRNN, vector_tree, warnings_logged)
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
@@ -1580,27 +1580,12 @@ def _tensors_in(value) -> list[torch.Tensor]:
     return [t for item in items for t in _tensors_in(item)]
 
 
-class _EveryNodesState(nn.Module):
-    """A TreeRNN returning a loss and the list of every node's state: as many tensors as the tree has nodes."""
-
-    def __init__(self):
-        super().__init__()
-        self.W, self.U = nn.Linear(3, 4, dtype=torch.float64), nn.Linear(4, 4, bias=False, dtype=torch.float64)
-
-    def forward(self, children, x):
-        h = [None] * len(children)
-        for v in reversed(range(len(children))):
-            own = self.W(x[v])
-            h[v] = torch.tanh(own + sum(self.U(h[c]) for c in children[v])) if children[v] else own
-        return torch.stack(h).square().mean(), h
-
-
 def test_samples_returning_a_tensor_per_node_batch_as_rows_of_their_kind():
     """Results of other structures (a list of every node's state, as per-node code collects them) are packed by
     kind: each kind's tensors of all samples are rows of one output of the union, and each sample gets back its
     own list."""
     torch.manual_seed(0)
-    batched = assert_shuffled_batches_match_eager(_EveryNodesState(), dataset("treernn", 8, features=3,
+    batched = assert_shuffled_batches_match_eager(EveryNodesState(), dataset("treernn", 8, features=3,
                                                                               dtype=torch.float64))
     assert batched.report.groupings == 1, batched.report
 

@@ -24,11 +24,10 @@ from examples.data import graph_batch
 from examples.per_sample import MODELS as PER_SAMPLE_MODELS, ObjectChildSumTreeLSTM, dataset, object_tree
 from examples.styles import STYLES
 from tests.helpers import (BUILDERS, ELEMENTWISE_ROWS, ELEMENTWISE_WIDTH, LAYOUT_ROWS, POOLING_NEIGHBORS,
-                           STATISTICS_NEIGHBORS, TOLERANCE, Layouts, PerNeuronScalars, Pooling, Statistics,
-                           assert_batches_match_eager, assert_compiled_matches_eager,
-                           assert_shuffled_batches_match_eager,
-                           TypedGRUMessages, VectorTreeRNN, ZeroStartedSums, assert_fast_compile_matches_eager,
-                           compressed_rows, fact_gcn, typed_graphs, vector_tree)
+                           STATISTICS_NEIGHBORS, TOLERANCE, EveryNodesState, Layouts, PerNeuronScalars, Pooling,
+                           Statistics, TypedGRUMessages, VectorTreeRNN, ZeroStartedSums, assert_batches_match_eager,
+                           assert_compiled_matches_eager, assert_fast_compile_matches_eager,
+                           assert_shuffled_batches_match_eager, compressed_rows, fact_gcn, typed_graphs, vector_tree)
 
 # (the package exports the op under the module's name)
 gather_reduce_module = importlib.import_module("dynamo_relational.kernels.gather_reduce")
@@ -308,6 +307,8 @@ def _per_node_code(name: str) -> tuple[torch.nn.Module, list[tuple]]:
         return ZeroStartedSums(), [(x,) for x in rows]
     if name == "unread edge index":
         return _UnreadEdges(), [(x, torch.randint(0, len(x), (2, len(x) + 1), generator=generator)) for x in rows]
+    if name == "every node's state returned":   # (a result tensor per node: packed by kind)
+        return EveryNodesState(), dataset("treernn", 8, features=3, dtype=torch.float64)
     if name == "nodes holding vectors":   # (a tensor argument per node: packed by kind)
         return VectorTreeRNN(), [(vector_tree(children, x.cuda()),)
                                  for children, x in dataset("treernn", 8, features=3, dtype=torch.float64)]
@@ -317,11 +318,11 @@ def _per_node_code(name: str) -> tuple[torch.nn.Module, list[tuple]]:
 
 @needs_cuda
 @pytest.mark.parametrize("name", ["typed GRU messages", "sums from zeros_like", "unread edge index", "node objects",
-                                  "nodes holding vectors"])
+                                  "nodes holding vectors", "every node's state returned"])
 def test_per_node_code_batches_on_cuda(name):
     """Per-node code as public repositories write it, batched on the GPU: sums started from zeros feeding a GRU
-    cell, ``zeros_like`` factories, an argument no sample reads, trees of node objects run on copies, and trees
-    whose nodes hold their own vectors."""
+    cell, ``zeros_like`` factories, an argument no sample reads, trees of node objects run on copies, trees
+    whose nodes hold their own vectors, and a list of every node's state returned."""
     torch.manual_seed(0)
     model, samples = _per_node_code(name)
     samples = [tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in sample) for sample in samples]
