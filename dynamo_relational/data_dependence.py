@@ -64,13 +64,28 @@ def reads_a_number(node: fx.Node) -> bool:
 def numbers_in_index(index: Any, traced: Callable[[torch.Tensor], bool]) -> Any:
     """``index`` (of ``x[index]``) with each 0-dim integer tensor that is not ``traced`` replaced by its value, as
     PyTorch's indexing reads it: ``x[u]`` for ``u`` in a constant ``nbrs`` (``for u in nbrs``) is ``x[int(u)]``,
-    a row of ``x``, not a read of a value."""
+    a row of ``x``, not a read of a value. A boolean mask that is not ``traced`` is replaced by the indices of its
+    true elements (``x[m]`` is ``x[m.nonzero(as_tuple=True)]``): a mask computed from the structure alone (PyG's
+    ``edge_attr[mask]`` of the edges that are not self-loops) selects rows known while tracing."""
     if isinstance(index, torch.Tensor):
+        if _constant_mask(index, traced):
+            found = index.nonzero(as_tuple=True)
+            return found[0] if len(found) == 1 else found
         whole = not (index.is_floating_point() or index.is_complex() or index.dtype in (torch.bool, torch.uint8))
         return int(index) if index.dim() == 0 and whole and not traced(index) else index
     if type(index) is tuple:
-        return tuple(numbers_in_index(i, traced) for i in index)
+        items: list[Any] = []
+        for i in index:
+            if isinstance(i, torch.Tensor) and _constant_mask(i, traced):
+                items.extend(i.nonzero(as_tuple=True))
+            else:
+                items.append(numbers_in_index(i, traced))
+        return tuple(items)
     return index
+
+
+def _constant_mask(index: torch.Tensor, traced: Callable[[torch.Tensor], bool]) -> bool:
+    return index.dtype is torch.bool and index.dim() > 0 and not traced(index)
 
 
 def _plain_slice(index: slice) -> bool:

@@ -64,6 +64,7 @@ _REFLECTED = {"__radd__": operator.add, "__rsub__": operator.sub, "__rmul__": op
 #: the unary ones
 _UNARY = {"neg": operator.neg, "__invert__": operator.invert}
 _STATIC = frozenset((*STATIC_ATTRIBUTES, *STATIC_METHODS, "__len__"))
+_GETITEM = torch.Tensor.__getitem__
 
 
 class _Unusable(Exception):
@@ -137,6 +138,8 @@ class Recording(TorchFunctionMode):
         if recipe is _REQUIRES_GRAD:
             self.read_requires_grad = True
             return func(*args, **kwargs)
+        if func is _GETITEM and len(args) == 2:   # (the call too: a mask's indices select the rows it selects)
+            args = (args[0], numbers_in_index(args[1], self._known))
         if not self._reads_traced(args, kwargs):
             # a call on constants alone runs: its result is a constant, as traced; a random one would be
             # frozen (the tracer records it on a second trace)
@@ -246,8 +249,6 @@ class Recording(TorchFunctionMode):
             form = recipe.operator
             if form.reflected:
                 args = (args[1], args[0])
-        if form.target is operator.getitem and len(args) == 2:
-            args = (args[0], numbers_in_index(args[1], self._known))
         operands = self._arg(args)
         key = None
         if form.merges and not kwargs:

@@ -712,6 +712,33 @@ def test_a_transformer_layer_over_each_sample_runs_as_eager():
         assert_batches_match_eager(batched, model, batch, through_union=False)
 
 
+class _SelfLoopFree(nn.Module):
+    """Messages along the edges that are not self-loops, weighted by an edge feature: PyG's ``remove_self_loops``
+    masks the edges and their features with ``edge_index[0] != edge_index[1]``."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 4, dtype=torch.float64)
+
+    def forward(self, x, edge_index, edge_weight):
+        mask = edge_index[0] != edge_index[1]
+        (src, dst), w = edge_index[:, mask], edge_weight[mask]
+        m = torch.zeros_like(x).index_add(0, dst, x[src] * w[:, None])
+        return torch.relu(self.lin(m + x)).sum(0)
+
+
+def test_features_selected_by_a_mask_of_the_structure_batch():
+    """A boolean mask computed from the edges alone selects rows known while tracing: its indices, not a read of
+    values (eager's call ran; the recording raised that the result's shape depends on values)."""
+    generator = torch.Generator().manual_seed(0)
+    graphs = []
+    for n in (3, 4, 2, 5, 3, 4):
+        graphs.append((torch.randn(n, 3, dtype=torch.float64, generator=generator),
+                       torch.randint(0, n, (2, n + 2), generator=generator),
+                       torch.rand(n + 2, dtype=torch.float64, generator=generator)))
+    assert_shuffled_batches_match_eager(_SelfLoopFree(), graphs)
+
+
 def test_graphs_of_one_shape_with_other_edges_are_other_structures():
     """Two graphs of the same sizes whose edges differ never share a trace: each runs with its own edges."""
     model = _EdgeIndexGCN("h[src]")

@@ -181,6 +181,23 @@ def test_standard_modules_trace_through(model):
             assert all(w is getattr(layer, n) for w, n in zip(layer._flat_weights, layer._flat_weights_names))
 
 
+class _EvenRows(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 2, dtype=torch.float64)
+
+    def forward(self, x):
+        mask = torch.arange(x.shape[0]) % 2 == 0   # (from the shape alone: a constant)
+        return self.lin(x[mask]).relu() + x[:, mask[:3]].sum()
+
+
+def test_rows_selected_by_a_constant_mask_trace_as_their_indices():
+    """``x[mask]`` of a mask made without a traced value selects rows known while tracing (its indices), not rows
+    that depend on values."""
+    torch.manual_seed(0)
+    assert_fast_compile_matches_eager(_EvenRows(), torch.randn(5, 3, dtype=torch.float64), inductor=False)
+
+
 class DataDependent(nn.Module):
     def __init__(self, kind: str):
         super().__init__()
