@@ -888,9 +888,10 @@ _ROW_REDUCTIONS = {**{getattr(torch, r): r for r in REDUCTIONS}, **{r: r for r i
 def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict, meta: tuple,
                   rows_of: dict[int, tuple[fx.Node, int, int]], s: int, shared: "_Shared") -> fx.Node | None:
     """The aggregation of a sample's rows of a union value where a record reduces them over dim 0 (a set's
-    ``self.phi(x).sum(0)``, ``h.mean(dim=0, keepdim=True)``): each row is read from the union value, as per-node
-    code reads ``h[v]``, so the aggregations of all samples group as one segment reduction; None for any
-    other record, and for a sample without rows (eager's sum of no rows is zeros, its amax an error)."""
+    ``self.phi(x).sum(0)``, ``h.mean(dim=0, keepdim=True)``, ``h.sum(dim=-2, keepdim=True)``): each row is read
+    from the union value, as per-node code reads ``h[v]``, so the aggregations of all samples group as one
+    segment reduction; None for any other record, and for a sample without rows (eager's sum of no rows is
+    zeros, its amax an error)."""
     if op not in ("call_function", "call_method") or not args or type(args[0]) is not _Slot \
             or args[0] not in rows_of:
         return None
@@ -900,16 +901,19 @@ def _reduced_rows(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: di
         return None
     named = dict(zip(("dim", "keepdim"), args[1:]), **kwargs) if len(args) <= 3 else None
     if reduce is None or named is None or set(named) - {"dim", "keepdim"} \
-            or named.get("dim", "every") not in (0, (0,), [0], "every") \
             or named.get("keepdim", False) not in (True, False):
         return None
+    union_value, first, n = rows_of[args[0]]
+    whole = tensor_info(union_value)
+    dim = named.get("dim", "every")
+    if type(dim) in (tuple, list) and len(dim) == 1:
+        dim = dim[0]
+    if n == 0 or whole is None or not (dim == "every" or type(dim) is int and dim % whole.rank == 0):
+        return None   # (over dim 0, also written -2 for rows of vectors: PyG's global_add_pool(h, None))
     # over every dim: a sum or mean of the rows' sums or means (rows of equal size); a maximum of the rows'
     # maxima would split the gradient of ties across rows otherwise than eager does
     every = "dim" not in named
     if every and (reduce not in ("sum", "mean") or named.get("keepdim")):
-        return None
-    union_value, first, n = rows_of[args[0]]
-    if n == 0 or tensor_info(union_value) is None:
         return None
     reduced = _aggregated_rows(graph, union_value, first, n, reduce, meta, s, shared)
     if not (every or named.get("keepdim")):

@@ -739,6 +739,30 @@ def test_features_selected_by_a_mask_of_the_structure_batch():
     assert_shuffled_batches_match_eager(_SelfLoopFree(), graphs)
 
 
+@pytest.mark.parametrize("layer", ["TransformerConv", "CGConv", "GINEConv"])
+def test_pytorch_geometric_layers_with_edge_features_and_global_pooling_batch_as_one_union(layer):
+    """PyG layers reading edge features beside the edge index, pooled by ``global_add_pool(h, None)``
+    (``h.sum(dim=-2, keepdim=True)``: a sum over the sample's rows, written with a negative dim)."""
+    pyg = pytest.importorskip("torch_geometric")
+    from torch_geometric.data import Data
+
+    class OneGraph(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = {"TransformerConv": lambda: pyg.nn.TransformerConv(3, 4, edge_dim=2),
+                         "CGConv": lambda: pyg.nn.CGConv(3, 2),
+                         "GINEConv": lambda: pyg.nn.GINEConv(nn.Linear(3, 3), edge_dim=2)}[layer]()
+
+        def forward(self, data):
+            return pyg.nn.global_add_pool(torch.relu(self.conv(data.x, data.edge_index, data.edge_attr)), None)
+
+    generator = torch.Generator().manual_seed(0)
+    graphs = [(Data(x=x, edge_index=edges, edge_attr=torch.randn(edges.shape[1], 2, dtype=torch.float64,
+                                                                 generator=generator)),)
+              for x, edges in _edge_list_graphs("h[src]")]
+    assert_shuffled_batches_match_eager(OneGraph().double(), graphs)
+
+
 def test_graphs_of_one_shape_with_other_edges_are_other_structures():
     """Two graphs of the same sizes whose edges differ never share a trace: each runs with its own edges."""
     model = _EdgeIndexGCN("h[src]")
