@@ -13,14 +13,18 @@ at once:
   becomes a read of its row in that input, so the reads of every sample group
   into one gather, and a stacked argument is a row of its input; a row-wise
   op of a sample's rows is its rows of that op over the joined input, and a
-  reduction over them (``h.sum(0)``) the aggregation of its rows;
+  reduction over them (``h.sum(0)``) the aggregation of its rows; samples that
+  take different numbers of tensor arguments (a tensor per tree node) have
+  them packed by kind (shape, dtype, device) first, each a row of its kind's
+  input (:func:`_packed`);
 * every node is tagged with its sample (``meta["rel_sample"]``), which the
   vectorizer keeps per row (``meta["rel_row_samples"]``): no row is shared by
   two samples, so a group restricted to some samples' rows computes exactly
   those samples (:mod:`dynamo_relational.row_plan`);
 * the output leaves at one position are stacked (equal shapes) or
   concatenated (rows) over the samples: one output tensor per position, whose
-  rows belong to the samples in order.
+  rows belong to the samples in order; results of other structures (a list of
+  every node's state) are packed by kind first (:func:`_packed_results`).
 
 Samples are disjoint components of the union: no node of one reads a node of
 another, so grouping the union computes each sample as its own graph would.
@@ -564,8 +568,8 @@ def _pack_results(sample: SampleGraph, members: list[list[int]]) -> SampleGraph:
                         f"results{k}", (("rel_info", stacked),)))
         stacks.append(_Slot(len(records) - 1))
     records.append(("output", "output", (tuple(stacks),), _NO_KWARGS, output[4], output[5]))
-    return replace(sample, records=tuple(records),
-                               output_shapes=tuple(cast(TensorInfo, record_info(records[s])).shape for s in stacks))
+    shapes = tuple(cast(TensorInfo, record_info(records[s])).shape for s in stacks)
+    return replace(sample, records=tuple(records), output_shapes=shapes)
 
 
 def _packed(samples: Sequence[SampleGraph]) -> tuple[list[SampleGraph], tuple[tuple[tuple[int, ...], ...], ...]]:
