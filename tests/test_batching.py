@@ -23,9 +23,9 @@ import dynamo_relational
 from dynamo_relational import tracing_patches
 from dynamo_relational.frontend import FrontendError
 from examples.per_sample import MODELS, ObjectChildSumTreeLSTM, TreeLSTM, TreeRNN, dataset, object_tree
-from tests.helpers import (BATCH_TOLERANCE, assert_batches_match_eager, assert_rows_batch_as_eager,
-                           assert_shuffled_batches_match_eager, traced_per_sample, typed_graphs, TypedGRUMessages,
-                           EveryNodesState, VectorNode, VectorTreeRNN, vector_tree, warnings_logged)
+from tests.helpers import (BATCH_TOLERANCE, EveryNodesState, TypedGRUMessages, VectorNode, VectorTreeRNN,
+                           assert_batches_match_eager, assert_rows_batch_as_eager, assert_shuffled_batches_match_eager,
+                           traced_per_sample, typed_graphs, vector_tree, warnings_logged)
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))
@@ -1613,12 +1613,10 @@ def test_samples_holding_a_tensor_per_node_batch_as_rows_of_their_kind():
         leaves = [t for sample in samples for t in _tensors_in(sample)]
         got, want = batched(samples), [model(*sample) for sample in samples]
         weights = [torch.randn_like(w) for w in pytree.tree_leaves(want)]
-        for results in (got, want):
-            loss = sum((r * w).sum() for r, w in zip(pytree.tree_leaves(results), weights))
-            grads = torch.autograd.grad(loss, leaves)
-            if results is got:
-                first = grads
-        for g, w in zip(first, grads):
+        got_grads, want_grads = (torch.autograd.grad(sum((r * w).sum() for r, w in zip(pytree.tree_leaves(results),
+                                                                                          weights)), leaves)
+                                 for results in (got, want))
+        for g, w in zip(got_grads, want_grads):
             torch.testing.assert_close(g, w, **BATCH_TOLERANCE)
 
 
