@@ -27,6 +27,7 @@ tensors at once).
 """
 from __future__ import annotations
 
+import collections
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Sequence, cast
@@ -709,9 +710,9 @@ def _tagged_reader(node: fx.Node) -> fx.Node:
     state twice). Each reader's row ``i`` reads row ``i`` of ``node`` only (checked when the reader is
     visited, as are the tags of the others), so the sample of row ``i`` is the reader's."""
     rows = _static_info(node).shape[0]
-    todo, seen = [node], {node}
+    todo, seen = collections.deque([node]), {node}
     while todo and len(seen) <= _READERS_SEARCHED:
-        at = todo.pop(0)
+        at = todo.popleft()
         if ROW_SAMPLES in at.meta:
             return at
         for reader in at.users:

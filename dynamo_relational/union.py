@@ -527,49 +527,58 @@ def _kind(info: TensorInfo) -> tuple:
     return info.shape, str(info.dtype), str(info.device)
 
 
+def _by_kind(infos_per_sample: Sequence[Sequence[TensorInfo]], why: str) -> list[tuple[tuple[int, ...], ...]]:
+    """Per sample, the positions of its tensors (of ``infos_per_sample``) of each kind (shape, dtype, device)
+    that any sample has, the kinds in one order; :class:`NotBatchable` (``why``) where a sample lacks a kind."""
+    kinds = sorted({_kind(info) for infos in infos_per_sample for info in infos})
+    members = []
+    for infos in infos_per_sample:
+        own = [_kind(info) for info in infos]
+        found = tuple(tuple(i for i, kind in enumerate(own) if kind == k) for k in kinds)
+        if not all(found):
+            raise NotBatchable(why)
+        members.append(found)
+    return members
+
+
 def _packed_results(samples: Sequence[SampleGraph]
                     ) -> tuple[list[SampleGraph], tuple[tuple[tuple[int, int], ...], ...]]:
     """The samples returning, for each kind (shape, dtype, device) of tensor in their results, the stack of
     theirs; and per sample, the output position and row of each tensor of its result. Per-node code that returns
     a list of every node's state returns as many tensors as the sample has nodes: by kind, they join as rows.
     :class:`NotBatchable` where a sample lacks a kind, or returns something else than tensors and constants."""
-    leaf_kinds = []
+    leaf_infos: list[list[TensorInfo]] = []
     for s in samples:
         infos = [record_info(s.records[leaf]) for leaf in s.records[-1][2][0]]
         if None in infos:
             raise NotBatchable("samples return differently structured results")
-        leaf_kinds.append([_kind(cast(TensorInfo, info)) for info in infos])
-    kinds = sorted({kind for sample_kinds in leaf_kinds for kind in sample_kinds})
-    packed, places = [], []
-    for s, sample_kinds in zip(samples, leaf_kinds):
-        members: list[list[int]] = [[] for _ in kinds]
-        where = []
-        for leaf, kind in enumerate(sample_kinds):
-            k = kinds.index(kind)
-            where.append((k, len(members[k])))
-            members[k].append(leaf)
-        if not all(members):
-            raise NotBatchable("samples return differently structured results (tensors of other kinds)")
-        packed.append(_pack_results(s, members))
+        leaf_infos.append([cast(TensorInfo, info) for info in infos])
+    members = _by_kind(leaf_infos, "samples return differently structured results (tensors of other kinds)")
+    places = []
+    for found, leaves in zip(members, leaf_infos):
+        where = [(0, 0)] * len(leaves)
+        for k, positions in enumerate(found):
+            for row, leaf in enumerate(positions):
+                where[leaf] = (k, row)
         places.append(tuple(where))
-    return packed, tuple(places)
+    return [_pack_results(s, found) for s, found in zip(samples, members)], tuple(places)
 
 
-def _pack_results(sample: SampleGraph, members: list[list[int]]) -> SampleGraph:
+def _pack_results(sample: SampleGraph, members: tuple[tuple[int, ...], ...]) -> SampleGraph:
     """``sample`` returning the stack of each of ``members`` (positions among its result's tensors)."""
     *body, output = sample.records
     leaves = output[2][0]
     records = list(body)
-    stacks = []
+    stacks, shapes = [], []
     for k, positions in enumerate(members):
         info = cast(TensorInfo, record_info(sample.records[leaves[positions[0]]]))
         stacked = TensorInfo((len(positions), *info.shape), info.dtype, info.device)
         records.append(("call_function", torch.stack, (tuple(leaves[p] for p in positions),), _NO_KWARGS,
                         f"results{k}", (("rel_info", stacked),)))
         stacks.append(_Slot(len(records) - 1))
+        shapes.append(stacked.shape)
     records.append(("output", "output", (tuple(stacks),), _NO_KWARGS, output[4], output[5]))
-    shapes = tuple(cast(TensorInfo, record_info(records[s])).shape for s in stacks)
-    return replace(sample, records=tuple(records), output_shapes=shapes)
+    return replace(sample, records=tuple(records), output_shapes=tuple(shapes))
 
 
 def _packed(samples: Sequence[SampleGraph]) -> tuple[list[SampleGraph], tuple[tuple[tuple[int, ...], ...], ...]]:
@@ -577,13 +586,10 @@ def _packed(samples: Sequence[SampleGraph]) -> tuple[list[SampleGraph], tuple[tu
     stack, whose rows are read where they were; and per sample, the arguments of each kind in order. A tree
     whose nodes hold their own vectors takes one tensor argument per node: by kind, the samples' arguments join
     as rows, as a feature matrix's do. :class:`NotBatchable` where a sample lacks a kind, or collates."""
-    kinds = sorted({_kind(info) for s in samples for info in s.inputs})
-    packing = []
-    for s in samples:
-        members = tuple(tuple(j for j, info in enumerate(s.inputs) if _kind(info) == k) for k in kinds)
-        if not all(members) or s.program is not None:
-            raise NotBatchable("samples take tensor arguments of other kinds")
-        packing.append(members)
+    why = "samples take tensor arguments of other kinds"
+    if any(s.program is not None for s in samples):
+        raise NotBatchable(why)
+    packing = _by_kind([s.inputs for s in samples], why)
     return [_pack(s, members) for s, members in zip(samples, packing)], tuple(packing)
 
 
